@@ -1,0 +1,3 @@
+"""Phalanx: many GPU servers, working like one."""
+
+__version__ = "0.1.0"

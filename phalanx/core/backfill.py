@@ -1,0 +1,118 @@
+"""Reservations for the blocked head job and the EASY-backfill rule that protects them.
+
+The reservation is found by sweeping running jobs in order of expected end (start + time
+limit; jobs being preempted end first, jobs without a limit never) and releasing their GPUs
+until the job's gang fits; the smallest domain that fits then (rack, block, cluster) is
+reserved. A later job may start now only if it ends before the reservation starts, or if on
+the reserved nodes it uses no more than their spare GPUs at that time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+
+from phalanx.core.decisions import Reservation
+from phalanx.core.model import JobRequest
+from phalanx.core.state import ClusterState
+
+
+def _releases(state: ClusterState, now: float) -> Iterator[tuple[float, int]]:
+    for vid in sorted(state.preempting):
+        yield now, vid
+    for end, jid in state.ends:
+        if jid not in state.preempting:
+            yield max(end, now), jid
+    for jid, run in state.running.items():
+        if run.request.time_limit_s is None and jid not in state.preempting:
+            yield math.inf, jid
+
+
+def reserve(
+    state: ClusterState, job: JobRequest, now: float, excluded: frozenset[int]
+) -> tuple[Reservation, dict[int, int]] | None:
+    """The earliest reservation for `job` and the spare GPUs per reserved node, or None
+    if it could not run even on an empty cluster."""
+    g, need = job.gpus_per_node, job.nodes
+    model = job.gpu_model
+
+    def usable(n: int) -> bool:
+        return (
+            state.up[n]
+            and n not in excluded
+            and (model is None or state.nodes[n].gpu_model == model)
+            and state.nodes[n].gpus >= g
+        )
+
+    extra: dict[int, int] = {}  # node → GPUs freed so far by the sweep
+
+    def free_then(n: int) -> int:
+        return state.free[n] + extra.get(n, 0)
+
+    rack_q = [0] * len(state.rack_nodes)
+    eligible_now = [n for n in _candidates(state, job) if usable(n) and state.free[n] >= g]
+    for n in eligible_now:
+        rack_q[state.rack_of[n]] += 1
+    total = len(eligible_now)
+    if total >= need:
+        nodes = _choose(state, need, rack_q, free_then, usable, g)
+        return Reservation(job.id, now, tuple(nodes)), {n: free_then(n) - g for n in nodes}
+    for t, jid in _releases(state, now):
+        run = state.running[jid]
+        grew = False
+        for n, mask in run.placement.slots:
+            if not usable(n):
+                continue
+            before = free_then(n) >= g
+            extra[n] = extra.get(n, 0) + mask.bit_count()
+            if not before and free_then(n) >= g:
+                rack_q[state.rack_of[n]] += 1
+                total += 1
+                grew = True
+        if grew and total >= need:
+            nodes = _choose(state, need, rack_q, free_then, usable, g)
+            spare = {n: free_then(n) - g for n in nodes}
+            return Reservation(job.id, t, tuple(nodes)), spare
+    return None
+
+
+def _candidates(state: ClusterState, job: JobRequest) -> list[int]:
+    """Nodes that may already have ≥ g free GPUs (from the free-count buckets)."""
+    out: list[int] = []
+    models = state.models if job.gpu_model is None else [job.gpu_model]
+    for model in models:
+        buckets = state.buckets.get(model)
+        if buckets is None:
+            continue
+        for f in range(job.gpus_per_node, state.max_gpus + 1):
+            out.extend(buckets[f])
+    return out
+
+
+def _choose(
+    state: ClusterState,
+    need: int,
+    rack_q: list[int],
+    free_then: Callable[[int], int],
+    usable: Callable[[int], bool],
+    g: int,
+) -> list[int]:
+    """The nodes placement would pick at reservation time: tightest rack, block, cluster."""
+    racks = [r for r, q in enumerate(rack_q) if q >= need]
+    if racks:
+        domains = [[min(racks, key=lambda r: (rack_q[r], r))]]
+    else:
+        blocks = [b for b, rs in enumerate(state.block_racks) if sum(rack_q[r] for r in rs) >= need]
+        if blocks:
+            best = min(blocks, key=lambda b: (sum(rack_q[r] for r in state.block_racks[b]), b))
+            domains = [state.block_racks[best]]
+        else:
+            domains = [list(range(len(state.rack_nodes)))]
+    chosen: list[int] = []
+    for r in sorted(domains[0], key=lambda r: (-rack_q[r], r)):
+        nodes = [n for n in state.rack_nodes[r] if usable(n) and free_then(n) >= g]
+        nodes.sort(key=lambda n: (free_then(n), n))
+        chosen.extend(nodes[: need - len(chosen)])
+        if len(chosen) == need:
+            break
+    return chosen

@@ -1,0 +1,344 @@
+"""One scheduling cycle: `schedule(state, now) -> Decisions`, pure and deterministic.
+
+The cycle reads the state, tries placements on it and undoes them before returning, so the
+state is unchanged; the caller applies the decisions.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from phalanx.core.backfill import reserve
+from phalanx.core.decisions import (
+    Decisions,
+    Preemption,
+    Reason,
+    ReasonCode,
+    Reservation,
+    Start,
+)
+from phalanx.core.model import Dependency, JobRequest, Placement
+from phalanx.core.placement import UNCONSTRAINED, Constraints, excluded_indices, place
+from phalanx.core.preemption import choose_victims, could_preempt
+from phalanx.core.quota import QuotaView
+from phalanx.core.state import ClusterState
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Knobs of the cycle. `depth` bounds the jobs examined per cycle (like Slurm's
+    bf_max_job_test); `max_preemption_attempts` bounds victim searches per cycle."""
+
+    backfill: bool = True
+    preemption: bool = True
+    depth: int = 10_000
+    max_preemption_attempts: int = 8
+
+
+DEFAULT_CONFIG = SchedulerConfig()
+
+
+@dataclass(slots=True)
+class _Cycle:
+    """Scratch state of one cycle: tentative starts (to undo) and what was learned."""
+
+    state: ClusterState
+    now: float
+    config: SchedulerConfig
+    quota: QuotaView
+    starts: list[Start] = field(default_factory=list)
+    preemptions: list[Preemption] = field(default_factory=list)
+    reasons: dict[int, Reason] = field(default_factory=dict)
+    taken_victims: set[int] = field(default_factory=set)
+    preemption_attempts: int = 0
+    reservation: Reservation | None = None
+    spare: dict[int, int] = field(default_factory=dict)
+    failed_shapes: dict[bool, list[tuple[int, int]]] = field(
+        default_factory=lambda: {False: [], True: []}
+    )
+    team_blocked: dict[str, tuple[int, Reason]] = field(default_factory=dict)
+    reason_memo: dict[tuple[int, int, bool], Reason] = field(default_factory=dict)
+
+    def known_to_fail(self, job: JobRequest, limited: bool) -> bool:
+        return any(
+            job.nodes >= n and job.gpus_per_node >= g for n, g in self.failed_shapes[limited]
+        )
+
+    def remember_failure(self, job: JobRequest, limited: bool) -> None:
+        if job.gpu_model is None and not job.exclude_nodes:
+            shape = (job.nodes, job.gpus_per_node)
+            if shape not in self.failed_shapes[limited]:
+                self.failed_shapes[limited].append(shape)
+
+
+def schedule(
+    state: ClusterState, now: float, config: SchedulerConfig = DEFAULT_CONFIG
+) -> Decisions:
+    cycle = _Cycle(state, now, config, QuotaView(state))
+    # Phase 1 — dependencies: the state re-evaluates them on every job transition; jobs
+    # still waiting (or never satisfiable) are not in the team queues, only given reasons.
+    for job_id, dep in state.held.items():
+        cycle.reasons[job_id] = _dependency_reason(dep, never=False)
+    for job_id, dep in state.never.items():
+        cycle.reasons[job_id] = _dependency_reason(dep, never=True)
+    default = Reason(ReasonCode.PRIORITY, "waiting for jobs ahead of it")
+    try:
+        # Phase 2 — order: merge the heads of the team queues by the policy's key.
+        for examined, job in enumerate(_ordered(state, now)):
+            if examined >= config.depth:
+                default = Reason(
+                    ReasonCode.NOT_CONSIDERED,
+                    f"not examined this cycle: only the first {config.depth} queued jobs are",
+                )
+                break
+            stop = _consider(cycle, job)
+            if stop is not None:
+                default = stop
+                break
+    finally:
+        for start in reversed(cycle.starts):
+            state.give(start.placement)
+    return Decisions(
+        starts=tuple(cycle.starts),
+        preemptions=tuple(cycle.preemptions),
+        reservation=cycle.reservation,
+        reasons=cycle.reasons,
+        team_reasons={team: reason for team, (_, reason) in cycle.team_blocked.items()},
+        default_reason=default,
+    )
+
+
+def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
+    """Phases 3–7 for one job; returns the reason for every later job if the cycle stops."""
+    state, now = cycle.state, cycle.now
+    if job.id in state.waiting_on:
+        cycle.reasons[job.id] = Reason(
+            ReasonCode.PREEMPTING,
+            f"waiting for {len(state.waiting_on[job.id])} preempted job(s) to checkpoint and exit",
+        )
+        return None
+    # Phase 3 — quota: within the team's nominal quota, or borrowing idle cohort GPUs.
+    blocked = cycle.team_blocked.get(job.team)
+    if blocked is not None and job.gpus >= blocked[0]:
+        cycle.reasons[job.id] = blocked[1]
+        return None
+    admission = cycle.quota.admit(job.team, job.gpus)
+    if not admission.ok:
+        assert admission.reason is not None
+        if blocked is None or job.gpus < blocked[0]:
+            cycle.team_blocked[job.team] = (job.gpus, admission.reason)
+        cycle.reasons[job.id] = admission.reason
+        return None
+    infeasible = _infeasible(state, job)
+    if infeasible is not None:
+        cycle.reasons[job.id] = infeasible
+        return None
+    # Phase 4 — gang, topology-aware placement (respecting a reservation, if any).
+    excluded = excluded_indices(state, job) if job.exclude_nodes else frozenset()
+    limited = cycle.reservation is not None and not _ends_before(job, now, cycle.reservation)
+    constraints = Constraints(cycle.spare, excluded) if limited else Constraints(excluded=excluded)
+    placement: Placement | None = None
+    if not cycle.known_to_fail(job, limited):
+        placement = place(state, job, constraints if limited or excluded else UNCONSTRAINED)
+        if placement is None:
+            cycle.remember_failure(job, limited)
+    if placement is not None:
+        state.take(placement)
+        cycle.reason_memo.clear()
+        cycle.quota.add(job.team, job.gpus)
+        if limited:
+            for n, mask in placement.slots:
+                if n in cycle.spare:
+                    cycle.spare[n] -= mask.bit_count()
+        cycle.starts.append(
+            Start(job.id, placement, admission.borrowed, backfilled=cycle.reservation is not None)
+        )
+        return _stop_if_full(cycle)
+    # Phase 5 — preemption: free a fitting placement from lower-ranked jobs.
+    if (
+        cycle.config.preemption
+        and cycle.preemption_attempts < cycle.config.max_preemption_attempts
+        and could_preempt(state, cycle.quota, job)
+    ):
+        cycle.preemption_attempts += 1
+        preemption = choose_victims(
+            state, cycle.quota, job, now, cycle.taken_victims | state.preempting.keys(), excluded
+        )
+        if preemption is not None:
+            cycle.preemptions.append(preemption)
+            cycle.taken_victims.update(preemption.victims)
+            cycle.reasons[job.id] = Reason(
+                ReasonCode.PREEMPTING,
+                f"preempting {len(preemption.victims)} job(s) to make room; it starts when "
+                "they have checkpointed and exited",
+            )
+            return None
+    # Phase 6 — reservation for the first blocked job, then EASY backfill behind it.
+    if cycle.reservation is None:
+        if not cycle.config.backfill:
+            cycle.reasons[job.id] = _resources_reason(state, job)
+            return Reason(
+                ReasonCode.PRIORITY,
+                f"waiting behind job {job.id}, which needs {job.shape} (no backfill)",
+            )
+        found = reserve(state, job, now, excluded)
+        if found is None:
+            cycle.reasons[job.id] = _resources_reason(state, job)
+            return None
+        cycle.reservation, cycle.spare = found
+        when = "when jobs without a time limit end"
+        if found[0].start_s != float("inf"):
+            when = f"at t={found[0].start_s:.0f}s, in {found[0].start_s - now:.0f}s"
+        cycle.reasons[job.id] = Reason(
+            ReasonCode.RESERVED,
+            f"{_resources_reason(state, job).message}; GPUs reserved {when} "
+            "(from running jobs' time limits)",
+        )
+        return _stop_if_full(cycle)
+    # Phase 7 — reasons for a job that neither started nor reserved.
+    cycle.reasons[job.id] = _blocked_reason(cycle, job, limited, excluded)
+    return _stop_if_nothing_fits(cycle)
+
+
+def _blocked_reason(
+    cycle: _Cycle, job: JobRequest, limited: bool, excluded: frozenset[int]
+) -> Reason:
+    """Why a job that passed its quota still cannot start; memoised per shape (a shape's
+    answer only changes when this cycle starts another job, which clears the memo)."""
+    simple = job.gpu_model is None and not excluded
+    key = (job.nodes, job.gpus_per_node, limited)
+    if simple and key in cycle.reason_memo:
+        return cycle.reason_memo[key]
+    state = cycle.state
+    reason = _resources_reason(state, job)
+    if limited and cycle.reservation is not None:
+        fits = not cycle.known_to_fail(job, False) and (
+            place(state, job, Constraints(excluded=excluded)) is not None
+        )
+        if fits:
+            limit = job.time_limit_s
+            reason = Reason(
+                ReasonCode.BACKFILL_WOULD_DELAY,
+                f"fits now, but with a time limit of "
+                f"{'none' if limit is None else f'{limit:.0f}s'} it would delay job "
+                f"{cycle.reservation.job_id}, which has GPUs reserved",
+            )
+    if simple:
+        cycle.reason_memo[key] = reason
+    return reason
+
+
+def _stop_if_nothing_fits(cycle: _Cycle) -> Reason | None:
+    """Stop when even a one-GPU job failed both with and without the reservation's limits."""
+    reservation = cycle.reservation
+    unlimited = (1, 1) in cycle.failed_shapes[False] or (
+        reservation is not None
+        and cycle.now + cycle.state.shortest_queued_limit() > reservation.start_s
+    )  # no queued job is short enough to run unconstrained before the reservation
+    limited = reservation is None or (1, 1) in cycle.failed_shapes[True]
+    if unlimited and limited and not _preemption_left(cycle):
+        return Reason(
+            ReasonCode.RESOURCES,
+            "no free GPU can take another job now (all in use or reserved for jobs ahead)",
+        )
+    return None
+
+
+def _stop_if_full(cycle: _Cycle) -> Reason | None:
+    """Stop early when nothing more can start: no free GPU and no preemption left to try."""
+    if cycle.state.free_total > 0 or _preemption_left(cycle):
+        return None
+    return Reason(ReasonCode.RESOURCES, "all GPUs are in use or reserved for jobs ahead of it")
+
+
+def _preemption_left(cycle: _Cycle) -> bool:
+    """Whether a later job might still preempt, so the cycle must go on."""
+    if not cycle.config.preemption:
+        return False
+    if cycle.preemption_attempts >= cycle.config.max_preemption_attempts:
+        return False
+    state = cycle.state
+    if not state.running_priorities:
+        return False
+    return (
+        state.policy.outranks is not None
+        or max(state.queued_priorities, default=0) > min(state.running_priorities)
+        or any(t.cohort is not None for t in state.teams.values())
+    )
+
+
+def _ends_before(job: JobRequest, now: float, reservation: Reservation) -> bool:
+    return job.time_limit_s is not None and now + job.time_limit_s <= reservation.start_s
+
+
+def _ordered(state: ClusterState, now: float) -> Iterator[JobRequest]:
+    policy = state.policy
+    heap: list[tuple[tuple[float, ...], int, Iterator[tuple[tuple[float, ...], int]], float]] = []
+    for index, (team, queue) in enumerate(sorted(state.queues.items())):
+        if not queue:
+            continue
+        fairshare = state.fairshare(team, now) if policy.uses_fairshare else 0.0
+        it = iter(queue)
+        key, _ = next(it)
+        heap.append((policy.merge_key(key, fairshare), index, it, fairshare))
+        # The job id is the key's last element, so keys are unique and never tie.
+    heapq.heapify(heap)
+    pending = state.pending
+    while heap:
+        key, index, it, fairshare = heap[0]
+        yield pending[int(key[-1])]
+        nxt = next(it, None)
+        if nxt is None:
+            heapq.heappop(heap)
+        else:
+            heapq.heapreplace(heap, (policy.merge_key(nxt[0], fairshare), index, it, fairshare))
+
+
+def _infeasible(state: ClusterState, job: JobRequest) -> Reason | None:
+    g = job.gpus_per_node
+    if job.gpu_model is not None and job.gpu_model not in state.models:
+        return Reason(
+            ReasonCode.INFEASIBLE,
+            f"needs {job.gpu_model} GPUs; this cluster has {', '.join(state.models)}",
+        )
+    if g > state.max_gpus:
+        return Reason(
+            ReasonCode.INFEASIBLE,
+            f"needs {g} GPUs on one node; the largest node has {state.max_gpus}",
+        )
+    if state.capacity_ge[g] < job.nodes:
+        return Reason(
+            ReasonCode.INFEASIBLE,
+            f"needs {job.shape}; only {state.capacity_ge[g]} node(s) with ≥{g} GPUs are up",
+        )
+    return None
+
+
+def _resources_reason(state: ClusterState, job: JobRequest) -> Reason:
+    g = job.gpus_per_node
+    if job.nodes == 1:
+        most = max((f for f in range(state.max_gpus + 1) if state.cluster_ge[f]), default=0)
+        return Reason(
+            ReasonCode.RESOURCES,
+            f"needs {g} free GPU{'s' if g != 1 else ''} on one node; the most free on any "
+            f"node is {most}",
+        )
+    best_rack = max((ge[g] for ge in state.rack_ge), default=0)
+    return Reason(
+        ReasonCode.RESOURCES,
+        f"needs {job.shape}; {state.cluster_ge[g]} node(s) have ≥{g} free GPUs "
+        f"(at most {best_rack} in one rack)",
+    )
+
+
+@lru_cache(maxsize=4096)
+def _dependency_reason(dep: Dependency, never: bool) -> Reason:
+    if never:
+        return Reason(
+            ReasonCode.DEPENDENCY_NEVER_SATISFIED,
+            f"dependency {dep} can never be satisfied; cancel the job or fix the dependency",
+        )
+    return Reason(ReasonCode.DEPENDENCY, f"waiting for job {dep.job_id} ({dep.kind.value})")

@@ -1,0 +1,130 @@
+"""Queue-ordering policies, registered by name (`priority` is the default).
+
+A policy orders jobs in two steps so a cycle never sorts the whole queue: `static_key` keeps
+each team's queue sorted as jobs arrive (it may not change while a job waits), and
+`merge_key` orders the heads of the team queues against each other (it may add per-team
+values such as fair share that change between cycles, but must keep each team's own order).
+`outranks` tells whether a pending job may preempt a running one beyond priority classes
+(the preemptive `srtf` and `las` policies).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from phalanx.core.model import JobRequest, RunningJob
+
+StaticKey = tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class OrderingPolicy:
+    name: str
+    description: str
+    static_key: Callable[[JobRequest], StaticKey]
+    uses_fairshare: bool = False
+    needs_duration: bool = False
+    outranks: Callable[[JobRequest, RunningJob, float], bool] | None = None
+
+    def merge_key(self, key: StaticKey, fairshare: float) -> StaticKey:
+        if self.uses_fairshare:
+            return (key[0], fairshare, *key[1:])
+        return key
+
+
+def _never(_p: JobRequest, _v: RunningJob, _now: float) -> bool:
+    return False
+
+
+def _remaining(job: JobRequest) -> float:
+    if job.duration_s is None:
+        raise ValueError(f"job {job.id}: this policy needs a known duration")
+    return max(0.0, job.duration_s - job.attained_s)
+
+
+def _srtf_outranks(p: JobRequest, v: RunningJob, now: float) -> bool:
+    # Preempt only for a clearly shorter job (half the remaining time) to avoid thrashing.
+    v_left = _remaining(v.request) - (now - v.start_s)
+    return _remaining(p) * 2.0 < v_left
+
+
+# Tiresias-style discretised least-attained-service: attained GPU-seconds → queue level.
+LAS_THRESHOLDS_GPU_S: tuple[float, ...] = (3600.0, 36000.0)
+
+
+def las_level(attained_gpu_s: float) -> int:
+    for level, bound in enumerate(LAS_THRESHOLDS_GPU_S):
+        if attained_gpu_s < bound:
+            return level
+    return len(LAS_THRESHOLDS_GPU_S)
+
+
+def _las_outranks(p: JobRequest, v: RunningJob, now: float) -> bool:
+    v_attained = (v.request.attained_s + now - v.start_s) * v.request.gpus
+    return las_level(p.attained_s * p.gpus) < las_level(v_attained)
+
+
+POLICIES: dict[str, OrderingPolicy] = {}
+
+
+def register(policy: OrderingPolicy) -> OrderingPolicy:
+    if policy.name in POLICIES:
+        raise ValueError(f"policy {policy.name!r} is already registered")
+    POLICIES[policy.name] = policy
+    return policy
+
+
+DEFAULT_POLICY = "priority"
+
+register(
+    OrderingPolicy(
+        name="priority",
+        description="priority class, then fair share (decayed team usage / share), then age",
+        static_key=lambda j: (-j.priority, j.submit_s, j.id),
+        uses_fairshare=True,
+    )
+)
+register(
+    OrderingPolicy(
+        name="fifo",
+        description="first come, first served by submit time",
+        static_key=lambda j: (j.submit_s, j.id),
+    )
+)
+register(
+    OrderingPolicy(
+        name="sjf",
+        description="shortest job first (needs known durations; for simulation)",
+        static_key=lambda j: (_remaining(j) + j.attained_s, j.submit_s, j.id),
+        needs_duration=True,
+    )
+)
+register(
+    OrderingPolicy(
+        name="srtf",
+        description="shortest remaining time first, preemptive (needs known durations)",
+        static_key=lambda j: (_remaining(j), j.submit_s, j.id),
+        needs_duration=True,
+        outranks=_srtf_outranks,
+    )
+)
+register(
+    OrderingPolicy(
+        name="las",
+        description=(
+            "least attained service in discrete queues, as in Tiresias (no durations needed); "
+            "FIFO inside a queue, preemptive across queues"
+        ),
+        static_key=lambda j: (las_level(j.attained_s * j.gpus), j.submit_s, j.id),
+        outranks=_las_outranks,
+    )
+)
+
+
+def get_policy(name: str) -> OrderingPolicy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        known = ", ".join(sorted(POLICIES))
+        raise ValueError(f"unknown policy {name!r}; known policies: {known}") from None
