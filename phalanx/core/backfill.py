@@ -1,38 +1,57 @@
 """Reservations for the blocked head job and the EASY-backfill rule that protects them.
 
 The reservation is found by sweeping running jobs in order of expected end (start + time
-limit; jobs being preempted end first, jobs without a limit never) and releasing their GPUs
-until the job's gang fits; the smallest domain that fits then (rack, block, cluster) is
-reserved. A later job may start now only if it ends before the reservation starts, or if on
-the reserved nodes it uses no more than their spare GPUs at that time.
+limit; jobs being preempted end first, jobs without a limit never), together with the GPUs
+the cycle itself has already given to jobs ahead (its starts, until their time limits), and
+releasing their GPUs until the job's gang fits; the smallest domain that fits then (rack,
+block, cluster) is reserved. A later job may start now only if it ends before the reservation
+starts, or if on the reserved nodes it uses no more than their spare GPUs at that time.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 from phalanx.core.decisions import Reservation
-from phalanx.core.model import JobRequest
+from phalanx.core.model import JobRequest, Placement
 from phalanx.core.state import ClusterState
 
 
-def _releases(state: ClusterState, now: float) -> Iterator[tuple[float, int]]:
+def _releases(
+    state: ClusterState, now: float, held: Sequence[tuple[float, Placement]]
+) -> Iterator[tuple[float, Placement]]:
     for vid in sorted(state.preempting):
-        yield now, vid
-    for end, jid in state.ends:
-        if jid not in state.preempting:
-            yield max(end, now), jid
+        yield now, state.running[vid].placement
+    ends = (
+        (max(end, now), state.running[jid].placement)
+        for end, jid in state.ends
+        if jid not in state.preempting
+    )
+    soon = sorted(((max(t, now), p) for t, p in held if t != math.inf), key=lambda e: e[0])
+    yield from heapq.merge(ends, soon, key=lambda e: e[0])
     for jid, run in state.running.items():
         if run.request.time_limit_s is None and jid not in state.preempting:
-            yield math.inf, jid
+            yield math.inf, run.placement
+    for t, p in held:
+        if t == math.inf:
+            yield t, p
 
 
 def reserve(
-    state: ClusterState, job: JobRequest, now: float, excluded: frozenset[int]
+    state: ClusterState,
+    job: JobRequest,
+    now: float,
+    excluded: frozenset[int],
+    held: Sequence[tuple[float, Placement]] = (),
 ) -> tuple[Reservation, dict[int, int]] | None:
     """The earliest reservation for `job` and the spare GPUs per reserved node, or None
-    if it could not run even on an empty cluster."""
+    if it could not run even on an empty cluster.
+
+    `held` are GPUs a cycle has taken in the state for jobs that are not running yet (its
+    tentative starts), each with the time it will release them.
+    """
     g, need = job.gpus_per_node, job.nodes
     model = job.gpu_model
 
@@ -57,10 +76,9 @@ def reserve(
     if total >= need:
         nodes = _choose(state, need, rack_q, free_then, usable, g)
         return Reservation(job.id, now, tuple(nodes)), {n: free_then(n) - g for n in nodes}
-    for t, jid in _releases(state, now):
-        run = state.running[jid]
+    for t, placement in _releases(state, now, held):
         grew = False
-        for n, mask in run.placement.slots:
+        for n, mask in placement.slots:
             if not usable(n):
                 continue
             before = free_then(n) >= g

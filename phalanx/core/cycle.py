@@ -7,6 +7,7 @@ state is unchanged; the caller applies the decisions.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -22,7 +23,7 @@ from phalanx.core.decisions import (
 )
 from phalanx.core.model import Dependency, JobRequest, Placement
 from phalanx.core.placement import UNCONSTRAINED, Constraints, excluded_indices, place
-from phalanx.core.preemption import choose_victims, could_preempt
+from phalanx.core.preemption import VictimPool, choose_victims, could_preempt
 from phalanx.core.quota import QuotaView
 from phalanx.core.state import ClusterState
 
@@ -60,6 +61,11 @@ class _Cycle:
         default_factory=lambda: {False: [], True: []}
     )
     team_blocked: dict[str, tuple[int, Reason]] = field(default_factory=dict)
+    pool: VictimPool | None = None  # built on the first preemption test of the cycle
+    # Free GPUs kept for jobs whose victims have not all exited yet, with when each such
+    # job will release them (so later jobs cannot take what a preemption freed).
+    holds: list[tuple[float, Placement]] = field(default_factory=list)
+    preempt_failed: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     reason_memo: dict[tuple[int, int, bool], Reason] = field(default_factory=dict)
 
     def known_to_fail(self, job: JobRequest, limited: bool) -> bool:
@@ -101,6 +107,8 @@ def schedule(
     finally:
         for start in reversed(cycle.starts):
             state.give(start.placement)
+        for _, hold in reversed(cycle.holds):
+            state.give(hold)
     return Decisions(
         starts=tuple(cycle.starts),
         preemptions=tuple(cycle.preemptions),
@@ -114,7 +122,11 @@ def schedule(
 def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
     """Phases 3–7 for one job; returns the reason for every later job if the cycle stops."""
     state, now = cycle.state, cycle.now
+    excluded = excluded_indices(state, job) if job.exclude_nodes else frozenset()
+    limited = cycle.reservation is not None and not _ends_before(job, now, cycle.reservation)
+    constraints = Constraints(cycle.spare, excluded) if limited else Constraints(excluded=excluded)
     if job.id in state.waiting_on:
+        _hold(cycle, job, tuple(state.waiting_on[job.id]), constraints, limited)
         cycle.reasons[job.id] = Reason(
             ReasonCode.PREEMPTING,
             f"waiting for {len(state.waiting_on[job.id])} preempted job(s) to checkpoint and exit",
@@ -128,6 +140,10 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
     admission = cycle.quota.admit(job.team, job.gpus)
     if not admission.ok:
         assert admission.reason is not None
+        # Stopping lower-ranked jobs of its own team (or borrowed GPUs of its cohort) may
+        # bring the team back within its quota; the victim trial re-checks the quota.
+        if _infeasible(state, job) is None and _preempt(cycle, job, excluded, constraints, limited):
+            return None
         if blocked is None or job.gpus < blocked[0]:
             cycle.team_blocked[job.team] = (job.gpus, admission.reason)
         cycle.reasons[job.id] = admission.reason
@@ -137,9 +153,6 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
         cycle.reasons[job.id] = infeasible
         return None
     # Phase 4 — gang, topology-aware placement (respecting a reservation, if any).
-    excluded = excluded_indices(state, job) if job.exclude_nodes else frozenset()
-    limited = cycle.reservation is not None and not _ends_before(job, now, cycle.reservation)
-    constraints = Constraints(cycle.spare, excluded) if limited else Constraints(excluded=excluded)
     placement: Placement | None = None
     if not cycle.known_to_fail(job, limited):
         placement = place(state, job, constraints if limited or excluded else UNCONSTRAINED)
@@ -158,24 +171,8 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
         )
         return _stop_if_full(cycle)
     # Phase 5 — preemption: free a fitting placement from lower-ranked jobs.
-    if (
-        cycle.config.preemption
-        and cycle.preemption_attempts < cycle.config.max_preemption_attempts
-        and could_preempt(state, cycle.quota, job)
-    ):
-        cycle.preemption_attempts += 1
-        preemption = choose_victims(
-            state, cycle.quota, job, now, cycle.taken_victims | state.preempting.keys(), excluded
-        )
-        if preemption is not None:
-            cycle.preemptions.append(preemption)
-            cycle.taken_victims.update(preemption.victims)
-            cycle.reasons[job.id] = Reason(
-                ReasonCode.PREEMPTING,
-                f"preempting {len(preemption.victims)} job(s) to make room; it starts when "
-                "they have checkpointed and exited",
-            )
-            return None
+    if _preempt(cycle, job, excluded, constraints, limited):
+        return None
     # Phase 6 — reservation for the first blocked job, then EASY backfill behind it.
     if cycle.reservation is None:
         if not cycle.config.backfill:
@@ -184,7 +181,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
                 ReasonCode.PRIORITY,
                 f"waiting behind job {job.id}, which needs {job.shape} (no backfill)",
             )
-        found = reserve(state, job, now, excluded)
+        found = reserve(state, job, now, excluded, _held(cycle))
         if found is None:
             cycle.reasons[job.id] = _resources_reason(state, job)
             return None
@@ -201,6 +198,89 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
     # Phase 7 — reasons for a job that neither started nor reserved.
     cycle.reasons[job.id] = _blocked_reason(cycle, job, limited, excluded)
     return _stop_if_nothing_fits(cycle)
+
+
+def _preempt(
+    cycle: _Cycle,
+    job: JobRequest,
+    excluded: frozenset[int],
+    constraints: Constraints,
+    limited: bool,
+) -> bool:
+    """Phase 5: choose victims for `job` and keep the free GPUs it will need; True if so."""
+    if not _may_try_preemption(cycle, job):
+        return False
+    assert cycle.pool is not None
+    cycle.preemption_attempts += 1
+    preemption = choose_victims(
+        cycle.state,
+        cycle.quota,
+        job,
+        cycle.now,
+        cycle.taken_victims | cycle.state.preempting.keys(),
+        excluded,
+        cycle.pool,
+        cycle.spare if limited else None,  # stay off GPUs reserved for a job ahead
+    )
+    if preemption is None:
+        # Later jobs of this team rank no higher, so a larger gang cannot do better.
+        cycle.preempt_failed.setdefault(job.team, []).append((job.nodes, job.gpus_per_node))
+        return False
+    cycle.preemptions.append(preemption)
+    cycle.taken_victims.update(preemption.victims)
+    _hold(cycle, job, preemption.victims, constraints, limited)
+    cycle.reasons[job.id] = Reason(
+        ReasonCode.PREEMPTING,
+        f"preempting {len(preemption.victims)} job(s) to make room; it starts when "
+        "they have checkpointed and exited",
+    )
+    return True
+
+
+def _hold(
+    cycle: _Cycle,
+    job: JobRequest,
+    victims: tuple[int, ...],
+    constraints: Constraints,
+    limited: bool,
+) -> None:
+    """Keep, for the rest of the cycle, the free GPUs `job` will use once `victims` exit.
+
+    Without this a later job could take GPUs a preemption freed (even the victim itself,
+    requeued), and the preempting job would find no room when its last victim exits.
+    """
+    state = cycle.state
+    runs = [state.running[v] for v in victims if v in state.running]
+    for run in runs:
+        state.give(run.placement)
+    try:
+        target = place(state, job, constraints)
+    finally:
+        for run in runs:
+            state.take(run.placement)
+    if target is None:
+        return
+    free = tuple((n, mask & state.free_mask[n]) for n, mask in target.slots)
+    hold = Placement(tuple((n, mask) for n, mask in free if mask))
+    if limited:
+        for n, mask in target.slots:
+            if n in cycle.spare:
+                cycle.spare[n] -= mask.bit_count()
+    if not hold.slots:
+        return
+    state.take(hold)
+    cycle.reason_memo.clear()
+    limit = job.time_limit_s
+    cycle.holds.append((cycle.now + limit if limit is not None else math.inf, hold))
+
+
+def _held(cycle: _Cycle) -> list[tuple[float, Placement]]:
+    """The GPUs this cycle took in the state, with when their jobs will release them."""
+    held = list(cycle.holds)
+    for start in cycle.starts:
+        limit = cycle.state.pending[start.job_id].time_limit_s
+        held.append((cycle.now + limit if limit is not None else math.inf, start.placement))
+    return held
 
 
 def _blocked_reason(
@@ -247,6 +327,22 @@ def _stop_if_nothing_fits(cycle: _Cycle) -> Reason | None:
     return None
 
 
+def _may_try_preemption(cycle: _Cycle, job: JobRequest) -> bool:
+    if not cycle.config.preemption:
+        return False
+    if cycle.preemption_attempts >= cycle.config.max_preemption_attempts:
+        return False
+    failed = cycle.preempt_failed.get(job.team, ())
+    if any(job.nodes >= n and job.gpus_per_node >= g for n, g in failed):
+        return False
+    if not could_preempt(cycle.state, cycle.quota, job, cycle.pool):
+        return False
+    if cycle.pool is None:  # built once per cycle, only when a search will run
+        cycle.pool = VictimPool.build(cycle.state, cycle.now)
+        return could_preempt(cycle.state, cycle.quota, job, cycle.pool)
+    return True
+
+
 def _stop_if_full(cycle: _Cycle) -> Reason | None:
     """Stop early when nothing more can start: no free GPU and no preemption left to try."""
     if cycle.state.free_total > 0 or _preemption_left(cycle):
@@ -264,7 +360,7 @@ def _preemption_left(cycle: _Cycle) -> bool:
     if not state.running_priorities:
         return False
     return (
-        state.policy.outranks is not None
+        state.policy.preemptive
         or max(state.queued_priorities, default=0) > min(state.running_priorities)
         or any(t.cohort is not None for t in state.teams.values())
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from phalanx.core.model import JobRequest, Placement
 from phalanx.core.state import ClusterState
 
+
 @dataclass(frozen=True, slots=True)
 class Constraints:
     """Per-cycle limits on where a job may go.

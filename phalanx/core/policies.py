@@ -4,8 +4,8 @@ A policy orders jobs in two steps so a cycle never sorts the whole queue: `stati
 each team's queue sorted as jobs arrive (it may not change while a job waits), and
 `merge_key` orders the heads of the team queues against each other (it may add per-team
 values such as fair share that change between cycles, but must keep each team's own order).
-`outranks` tells whether a pending job may preempt a running one beyond priority classes
-(the preemptive `srtf` and `las` policies).
+A preemptive policy (`srtf`, `las`) also ranks jobs by a number, lower first: a pending job
+outranks a running one when `pending_rank(p) · rank_margin < running_rank(v, now)`.
 """
 
 from __future__ import annotations
@@ -25,16 +25,24 @@ class OrderingPolicy:
     static_key: Callable[[JobRequest], StaticKey]
     uses_fairshare: bool = False
     needs_duration: bool = False
-    outranks: Callable[[JobRequest, RunningJob, float], bool] | None = None
+    pending_rank: Callable[[JobRequest], float] | None = None
+    running_rank: Callable[[RunningJob, float], float] | None = None
+    rank_margin: float = 1.0
+
+    @property
+    def preemptive(self) -> bool:
+        return self.pending_rank is not None and self.running_rank is not None
+
+    def outranks(self, p: JobRequest, v: RunningJob, now: float) -> bool:
+        """Whether pending `p` may preempt running `v` under this policy's ranking."""
+        if self.pending_rank is None or self.running_rank is None:
+            return False
+        return self.pending_rank(p) * self.rank_margin < self.running_rank(v, now)
 
     def merge_key(self, key: StaticKey, fairshare: float) -> StaticKey:
         if self.uses_fairshare:
             return (key[0], fairshare, *key[1:])
         return key
-
-
-def _never(_p: JobRequest, _v: RunningJob, _now: float) -> bool:
-    return False
 
 
 def _remaining(job: JobRequest) -> float:
@@ -43,10 +51,8 @@ def _remaining(job: JobRequest) -> float:
     return max(0.0, job.duration_s - job.attained_s)
 
 
-def _srtf_outranks(p: JobRequest, v: RunningJob, now: float) -> bool:
-    # Preempt only for a clearly shorter job (half the remaining time) to avoid thrashing.
-    v_left = _remaining(v.request) - (now - v.start_s)
-    return _remaining(p) * 2.0 < v_left
+def _running_remaining(v: RunningJob, now: float) -> float:
+    return _remaining(v.request) - (now - v.start_s)
 
 
 # Tiresias-style discretised least-attained-service: attained GPU-seconds → queue level.
@@ -60,9 +66,12 @@ def las_level(attained_gpu_s: float) -> int:
     return len(LAS_THRESHOLDS_GPU_S)
 
 
-def _las_outranks(p: JobRequest, v: RunningJob, now: float) -> bool:
-    v_attained = (v.request.attained_s + now - v.start_s) * v.request.gpus
-    return las_level(p.attained_s * p.gpus) < las_level(v_attained)
+def _las_pending(p: JobRequest) -> float:
+    return las_level(p.attained_s * p.gpus)
+
+
+def _las_running(v: RunningJob, now: float) -> float:
+    return las_level((v.request.attained_s + now - v.start_s) * v.request.gpus)
 
 
 POLICIES: dict[str, OrderingPolicy] = {}
@@ -106,7 +115,9 @@ register(
         description="shortest remaining time first, preemptive (needs known durations)",
         static_key=lambda j: (_remaining(j), j.submit_s, j.id),
         needs_duration=True,
-        outranks=_srtf_outranks,
+        pending_rank=_remaining,
+        running_rank=_running_remaining,
+        rank_margin=2.0,  # preempt only for a clearly shorter job, to avoid thrashing
     )
 )
 register(
@@ -116,8 +127,9 @@ register(
             "least attained service in discrete queues, as in Tiresias (no durations needed); "
             "FIFO inside a queue, preemptive across queues"
         ),
-        static_key=lambda j: (las_level(j.attained_s * j.gpus), j.submit_s, j.id),
-        outranks=_las_outranks,
+        static_key=lambda j: (_las_pending(j), j.submit_s, j.id),
+        pending_rank=_las_pending,
+        running_rank=_las_running,
     )
 )
 

@@ -10,7 +10,9 @@ domain (rack, block, cluster), and checks the result with a trial placement.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from phalanx.core.decisions import Preemption
 from phalanx.core.model import JobRequest, RunningJob
@@ -19,33 +21,56 @@ from phalanx.core.quota import QuotaView
 from phalanx.core.state import ClusterState
 
 
-def could_preempt(state: ClusterState, qv: QuotaView, job: JobRequest) -> bool:
-    """A cheap test that victims might exist at all, to skip hopeless searches."""
-    if state.policy.outranks is not None and state.running:
-        return True
+@dataclass(slots=True)
+class VictimPool:
+    """The running preemptible jobs as one cycle sees them: (job, policy rank, lost work)."""
+
+    entries: list[tuple[RunningJob, float, float]]
+    max_rank: float
+
+    @classmethod
+    def build(cls, state: ClusterState, now: float) -> VictimPool:
+        rank = state.policy.running_rank
+        entries = [
+            (run, rank(run, now) if rank is not None else 0.0, run.lost_work(now))
+            for run in state.running.values()
+            if run.request.preemptible and run.request.id not in state.preempting
+        ]
+        return cls(entries, max((e[1] for e in entries), default=-math.inf))
+
+
+def could_preempt(
+    state: ClusterState, qv: QuotaView, job: JobRequest, pool: VictimPool | None
+) -> bool:
+    """A cheap test that victims might exist at all, to skip hopeless searches.
+
+    Without a pool yet, a preemptive policy answers "maybe" (the caller builds the pool)."""
     if state.running_priorities and min(state.running_priorities) < job.priority:
         return True
     team = state.teams[job.team]
-    if team.cohort is not None and qv.within_nominal(job.team, job.gpus):
-        return any(qv.borrowing(t) for t in state.cohorts[team.cohort] if t != job.team)
-    return False
+    if (
+        team.cohort is not None
+        and qv.within_nominal(job.team, job.gpus)
+        and any(qv.borrowing(t) for t in state.cohorts[team.cohort] if t != job.team)
+    ):
+        return True
+    policy = state.policy
+    if policy.pending_rank is None or not state.running_priorities:
+        return False
+    if pool is None:
+        return True
+    return policy.pending_rank(job) * policy.rank_margin < pool.max_rank
 
 
-def _why(state: ClusterState, qv: QuotaView, job: JobRequest, v: RunningJob, now: float) -> str:
-    """Why `job` may preempt `v`, or '' if it may not."""
-    victim = v.request
-    if not victim.preemptible:
-        return ""
+def _why(
+    state: ClusterState, qv: QuotaView, job: JobRequest, victim: JobRequest, ranked: bool
+) -> str:
+    """Why `job` may preempt `victim`, or '' if it may not. `ranked`: the policy ranks
+    `job` ahead of `victim`."""
     higher = victim.priority < job.priority
-    policy_rank = (
-        victim.priority == job.priority
-        and state.policy.outranks is not None
-        and state.policy.outranks(job, v, now)
-    )
+    policy_rank = ranked and victim.priority == job.priority
     mine, theirs = state.teams[job.team], state.teams[victim.team]
-    same_team = victim.team == job.team
-    unmanaged = mine.quota is None or theirs.quota is None
-    if same_team or unmanaged:
+    if victim.team == job.team or mine.quota is None or theirs.quota is None:
         if higher:
             return f"priority {job.priority} > {victim.priority}"
         if policy_rank:
@@ -67,58 +92,103 @@ def choose_victims(
     now: float,
     taken: set[int],
     excluded: frozenset[int],
+    pool: VictimPool,
+    limits: Mapping[int, int] | None = None,
 ) -> Preemption | None:
-    """The cheapest victim set that lets `job` be placed, or None."""
+    """The cheapest victim set that lets `job` be placed, or None.
+
+    `limits` caps the GPUs the job may use per node (the spare GPUs of nodes reserved for a
+    job ahead of it), as in placement.
+    """
+    limits = limits or {}
     g = job.gpus_per_node
-    teams: Iterable[str]
-    cohort = state.teams[job.team].cohort
-    if state.teams[job.team].quota is None:
-        teams = state.team_running.keys()
-    else:
-        teams = {job.team, *(state.cohorts.get(cohort, ()) if cohort else ())}
-        teams |= {t for t in state.team_running if state.teams[t].quota is None}
+    policy = state.policy
+    threshold = (
+        policy.pending_rank(job) * policy.rank_margin
+        if policy.pending_rank is not None
+        else math.inf
+    )
+    team = state.teams[job.team]
+    reclaim = team.cohort is not None and qv.within_nominal(job.team, job.gpus)
     why: dict[int, str] = {}
+    lost: dict[int, float] = {}
     per_node: dict[int, list[RunningJob]] = {}
-    for team in teams:
-        for vid in state.team_running.get(team, ()):
-            if vid in taken:
-                continue
-            run = state.running[vid]
-            reason = _why(state, qv, job, run, now)
-            if not reason:
-                continue
-            why[vid] = reason
-            for n, _ in run.placement.slots:
-                per_node.setdefault(n, []).append(run)
+    for run, rank, lost_work in pool.entries:
+        victim = run.request
+        ranked = rank > threshold
+        if not (ranked or victim.priority < job.priority or reclaim) or victim.id in taken:
+            continue
+        reason = _why(state, qv, job, victim, ranked)
+        if not reason:
+            continue
+        why[victim.id] = reason
+        lost[victim.id] = lost_work
+        for n, _ in run.placement.slots:
+            per_node.setdefault(n, []).append(run)
     if not per_node:
         return None
 
-    # Per node: the cheapest victims that leave ≥ g GPUs free there.
+    # Per node: the victims losing the least work that leave ≥ g GPUs free there.
     cost: dict[int, tuple[float, tuple[int, ...]]] = {}
     for n, runs in per_node.items():
-        if not state.up[n] or n in excluded or state.nodes[n].gpus < g:
+        if not state.up[n] or n in excluded or min(state.nodes[n].gpus, limits.get(n, g)) < g:
             continue
         if job.gpu_model is not None and state.nodes[n].gpu_model != job.gpu_model:
             continue
-        free = state.free[n]
-        total, chosen = 0.0, []
-        for run in sorted(runs, key=lambda r: (r.lost_work(now), r.request.priority, -r.start_s)):
-            if free >= g:
-                break
-            free += state.node_jobs[n][run.request.id].bit_count()
-            total += run.lost_work(now)
-            chosen.append(run.request.id)
-        if free >= g:
-            cost[n] = (total, tuple(chosen))
+        found = _cheapest_on_node(state, n, runs, g - state.free[n], lost)
+        if found is not None:
+            cost[n] = found
     if not cost:
         return None
-    nodes = _cheapest_nodes(state, job, cost, excluded)
+    nodes = _cheapest_nodes(state, job, cost, excluded, limits)
     if nodes is None:
         return None
     victims = tuple(sorted({v for n in nodes for v in cost.get(n, (0.0, ()))[1]}))
     if not victims:
         return None
-    return _check(state, qv, job, victims, why, now, excluded)
+    return _check(state, qv, job, victims, why, now, excluded, limits)
+
+
+def _cheapest_on_node(
+    state: ClusterState, n: int, runs: list[RunningJob], missing: int, lost: dict[int, float]
+) -> tuple[float, tuple[int, ...]] | None:
+    """The set of `runs` losing the least work that frees ≥ `missing` GPUs on node n.
+
+    Taking the cheapest victims one by one can lose more than needed (two small jobs losing
+    6 + 8 GPU-s instead of one larger job losing 8), so when one victim is not enough this
+    solves the 0/1 knapsack over the GPUs freed (capped at `missing`, ≤ 62); ties go to
+    fewer victims, then to the order below (least lost work, lowest priority, latest start).
+    """
+    if missing <= 0:
+        return 0.0, ()
+    ordered = sorted(
+        runs, key=lambda r: (lost[r.request.id], r.request.priority, -r.start_s, r.request.id)
+    )
+    freed = {r.request.id: state.node_jobs[n][r.request.id].bit_count() for r in ordered}
+    for run in ordered:  # the cheapest single victim that is enough is the best set
+        if freed[run.request.id] >= missing:
+            cheaper = [r for r in ordered if lost[r.request.id] < lost[run.request.id]]
+            if sum(freed[r.request.id] for r in cheaper) < missing:
+                return lost[run.request.id], (run.request.id,)
+            break
+    # best[k]: (lost work, victim count, victims) of the cheapest set freeing k GPUs.
+    best: list[tuple[float, int, tuple[int, ...]] | None] = [None] * (missing + 1)
+    best[0] = (0.0, 0, ())
+    for run in ordered:
+        gpus = freed[run.request.id]
+        cost = lost[run.request.id]
+        step = list(best)
+        for k, entry in enumerate(best):
+            if entry is None:
+                continue
+            to = min(missing, k + gpus)
+            option = (entry[0] + cost, entry[1] + 1, (*entry[2], run.request.id))
+            current = step[to]
+            if current is None or option[:2] < current[:2]:
+                step[to] = option
+        best = step
+    done = best[missing]
+    return None if done is None else (done[0], done[2])
 
 
 def _cheapest_nodes(
@@ -126,6 +196,7 @@ def _cheapest_nodes(
     job: JobRequest,
     cost: dict[int, tuple[float, tuple[int, ...]]],
     excluded: frozenset[int],
+    limits: Mapping[int, int],
 ) -> list[int] | None:
     need = job.nodes
     if need == 1:
@@ -135,7 +206,12 @@ def _cheapest_nodes(
     options = dict(cost)
     for r in {state.rack_of[n] for n in cost}:  # nodes already free cost nothing
         for n in state.rack_nodes[r]:
-            if n not in options and state.up[n] and n not in excluded and state.free[n] >= g:
+            if (
+                n not in options
+                and state.up[n]
+                and n not in excluded
+                and min(state.free[n], limits.get(n, g)) >= g
+            ):
                 options[n] = (0.0, ())
     by_rack: dict[int, list[int]] = {}
     for n in options:
@@ -161,6 +237,7 @@ def _check(
     why: dict[int, str],
     now: float,
     excluded: frozenset[int],
+    limits: Mapping[int, int],
 ) -> Preemption | None:
     """Trial: free the victims' GPUs, place the job, check its quota, undo."""
     runs = [state.running[v] for v in victims]
@@ -168,7 +245,7 @@ def _check(
         state.give(run.placement)
         qv.add(run.request.team, -run.request.gpus)
     try:
-        if place(state, job, Constraints(excluded=excluded)) is None:
+        if place(state, job, Constraints(limits, excluded)) is None:
             return None
         if not qv.admit(job.team, job.gpus).ok:
             return None

@@ -5,7 +5,8 @@ Adapters (the head, the simulator) apply what happened — submits, starts, fini
 requeues, node changes — and `schedule()` reads it. Indexes are kept up to date on every
 change so a scheduling cycle never scans the whole cluster or queue:
 
-* per GPU model and free count, an ordered set of nodes (best-fit single-node placement);
+* per GPU model and free count, the nodes sorted by index (best-fit single-node placement;
+  sorted, not insertion-ordered, so a cycle's try-and-undo leaves the order as it was);
 * per rack, block and cluster, how many nodes have at least g free GPUs (gang placement);
 * per team, the eligible queue sorted by the ordering policy's static key;
 * running jobs sorted by expected end (reservations).
@@ -91,8 +92,8 @@ class ClusterState:
         self.free: list[int] = [n.gpus for n in self.nodes]
         self.up: list[bool] = [True] * len(self.nodes)
         self.down_reason: dict[int, str] = {}
-        self.buckets: dict[str, list[dict[int, None]]] = {
-            m: [{} for _ in range(width)] for m in self.models
+        self.buckets: dict[str, list[SortedList]] = {
+            m: [SortedList() for _ in range(width)] for m in self.models
         }
         self.rack_ge: list[list[int]] = [[0] * (width + 1) for _ in self.rack_nodes]
         self.block_ge: list[list[int]] = [[0] * (width + 1) for _ in self.block_names]
@@ -131,45 +132,59 @@ class ClusterState:
 
     # ----------------------------------------------------------------- free-GPU indexes
     def _index_node(self, i: int, sign: int) -> None:
-        """Add (+1) or remove (-1) node i's current free count from every index."""
-        if not self.up[i]:
-            return
+        """Add (+1) or remove (-1) node i from every index (it comes up or goes down)."""
         f = self.free[i]
         bucket = self.buckets[self.nodes[i].gpu_model][f]
         if sign > 0:
-            bucket[i] = None
+            bucket.add(i)
         else:
-            del bucket[i]
-        rack_ge = self.rack_ge[self.rack_of[i]]
-        block_ge = self.block_ge[self.block_of[i]]
-        cluster_ge = self.cluster_ge
-        for g in range(f + 1):
-            rack_ge[g] += sign
-            block_ge[g] += sign
-            cluster_ge[g] += sign
+            bucket.remove(i)
+        self._shift_ge(i, 0, f, sign)  # g = 0..f
         for g in range(self.nodes[i].gpus + 1):
             self.capacity_ge[g] += sign
         self.free_total += sign * f
         self.gpus_up += sign * self.nodes[i].gpus
 
+    def _shift_ge(self, i: int, first: int, last: int, sign: int) -> None:
+        """Counts of nodes with ≥ g free, for g in first..last, change by `sign`."""
+        rack_ge = self.rack_ge[self.rack_of[i]]
+        block_ge = self.block_ge[self.block_of[i]]
+        cluster_ge = self.cluster_ge
+        for g in range(first, last + 1):
+            rack_ge[g] += sign
+            block_ge[g] += sign
+            cluster_ge[g] += sign
+
     def _set_free(self, i: int, mask: int) -> None:
-        self._index_node(i, -1)
+        old, new = self.free[i], mask.bit_count()
         self.free_mask[i] = mask
-        self.free[i] = mask.bit_count()
-        self._index_node(i, +1)
+        self.free[i] = new
+        if not self.up[i] or old == new:
+            return
+        buckets = self.buckets[self.nodes[i].gpu_model]
+        buckets[old].remove(i)
+        buckets[new].add(i)
+        if new > old:
+            self._shift_ge(i, old + 1, new, +1)
+        else:
+            self._shift_ge(i, new + 1, old, -1)
+        self.free_total += new - old
 
     def take(self, placement: Placement) -> None:
-        """Mark a placement's GPUs busy (also used by a cycle's trial, with `give` as undo)."""
-        for n, mask in placement.slots:
+        """Mark a placement's GPUs busy (also used by a cycle's trial, with `give` as undo).
+        All or nothing: if any GPU is not free, it raises and nothing changes."""
+        for n, mask in _merged(placement):
             if self.free_mask[n] & mask != mask:
                 raise StateError(f"GPUs {mask:#b} on {self.nodes[n].name} are not free")
+        for n, mask in placement.slots:
             self._set_free(n, self.free_mask[n] & ~mask)
 
     def give(self, placement: Placement) -> None:
-        """Return a placement's GPUs to the free pool."""
-        for n, mask in placement.slots:
+        """Return a placement's GPUs to the free pool (all or nothing, like `take`)."""
+        for n, mask in _merged(placement):
             if self.free_mask[n] & mask:
                 raise StateError(f"GPUs {mask:#b} on {self.nodes[n].name} are already free")
+        for n, mask in placement.slots:
             self._set_free(n, self.free_mask[n] | mask)
 
     # ----------------------------------------------------------------- nodes
@@ -390,6 +405,18 @@ class ClusterState:
 
     def gpus_in_use(self) -> int:
         return sum(self.usage.values())
+
+
+def _merged(placement: Placement) -> list[tuple[int, int]]:
+    """The placement's GPUs per node, refusing a placement that names a GPU twice."""
+    if len(placement.slots) == 1:
+        return list(placement.slots)
+    merged: dict[int, int] = {}
+    for n, mask in placement.slots:
+        if merged.get(n, 0) & mask:
+            raise StateError(f"placement names GPUs {mask:#b} of node index {n} twice")
+        merged[n] = merged.get(n, 0) | mask
+    return list(merged.items())
 
 
 def _limit(job: JobRequest) -> float:

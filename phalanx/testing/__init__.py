@@ -1,5 +1,21 @@
 """Helpers for tests and benchmarks: cluster and job builders (no I/O)."""
 
-from phalanx.testing.builders import cluster_nodes, job, mixed_jobs
+from phalanx.testing.builders import (
+    apply_decisions,
+    cluster_nodes,
+    job,
+    mixed_jobs,
+    node,
+    placement_on,
+    run_job,
+)
 
-__all__ = ["cluster_nodes", "job", "mixed_jobs"]
+__all__ = [
+    "apply_decisions",
+    "cluster_nodes",
+    "job",
+    "mixed_jobs",
+    "node",
+    "placement_on",
+    "run_job",
+]

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
-from phalanx.core.model import Dependency, JobRequest, Node
+from phalanx.core.decisions import Decisions
+from phalanx.core.model import Dependency, JobRequest, Node, Placement
+from phalanx.core.state import ClusterState
 
 
 def cluster_nodes(
@@ -97,3 +100,64 @@ def mixed_jobs(
             )
         )
     return out
+
+
+def node(
+    name: str,
+    gpus: int = 8,
+    rack: str = "r0",
+    block: str = "b0",
+    gpu_model: str = "H100",
+) -> Node:
+    """One node with its place in the topology (shorter to read in test tables than Node)."""
+    return Node(name=name, gpus=gpus, gpu_model=gpu_model, rack=rack, block=block)
+
+
+def placement_on(state: ClusterState, gpus_on: Mapping[str, int]) -> Placement:
+    """A placement taking the lowest free GPUs of each named node (in the mapping's order)."""
+    slots = []
+    for name, count in gpus_on.items():
+        n = state.node_index[name]
+        free, mask = state.free_mask[n], 0
+        for _ in range(count):
+            low = free & -free
+            if not low:
+                raise ValueError(f"node {name} has fewer than {count} free GPUs")
+            mask |= low
+            free ^= low
+        slots.append((n, mask))
+    return Placement(tuple(slots))
+
+
+def run_job(
+    state: ClusterState,
+    request: JobRequest,
+    gpus_on: Mapping[str, int] | None = None,
+    at: float = 0.0,
+    checkpoint: float | None = None,
+    borrowed: int = 0,
+) -> Placement:
+    """Submit `request` and start it at `at` on the named nodes (default: the first nodes with
+    enough free GPUs, in node order); `checkpoint` sets its last checkpoint time."""
+    if gpus_on is None:
+        names = [
+            nd.name
+            for i, nd in enumerate(state.nodes)
+            if state.up[i] and state.free[i] >= request.gpus_per_node
+        ][: request.nodes]
+        gpus_on = {name: request.gpus_per_node for name in names}
+    placement = placement_on(state, gpus_on)
+    state.submit(request, at)
+    state.start(request.id, placement, at, borrowed)
+    if checkpoint is not None:
+        state.checkpoint(request.id, checkpoint)
+    return placement
+
+
+def apply_decisions(state: ClusterState, decisions: Decisions, now: float) -> None:
+    """Apply a cycle's starts and preemption notices to the state, as the head would."""
+    for start in decisions.starts:
+        state.start(start.job_id, start.placement, now, start.borrowed)
+    for preemption in decisions.preemptions:
+        for victim in preemption.victims:
+            state.mark_preempting(victim, preemption.for_job)

@@ -1,0 +1,1 @@
+"""Discrete-event simulator around the scheduling core: traces, workloads, layouts, engine."""
