@@ -76,15 +76,20 @@ def reserve(
     if total >= need:
         nodes = _choose(state, need, rack_q, free_then, usable, g)
         return Reservation(job.id, now, tuple(nodes)), {n: free_then(n) - g for n in nodes}
+    # The sweep is the hot loop of a blocked cycle: plain locals, no closures inside it.
+    up, free, rack_of, nodes_ = state.up, state.free, state.rack_of, state.nodes
     for t, placement in _releases(state, now, held):
         grew = False
         for n, mask in placement.slots:
-            if not usable(n):
+            if not up[n] or nodes_[n].gpus < g or n in excluded:
                 continue
-            before = free_then(n) >= g
-            extra[n] = extra.get(n, 0) + mask.bit_count()
-            if not before and free_then(n) >= g:
-                rack_q[state.rack_of[n]] += 1
+            if model is not None and nodes_[n].gpu_model != model:
+                continue
+            before = free[n] + extra.get(n, 0)
+            after = before + mask.bit_count()
+            extra[n] = after - free[n]
+            if before < g <= after:
+                rack_q[rack_of[n]] += 1
                 total += 1
                 grew = True
         if grew and total >= need:

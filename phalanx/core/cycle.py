@@ -182,8 +182,8 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
                 f"waiting behind job {job.id}, which needs {job.shape} (no backfill)",
             )
         found = reserve(state, job, now, excluded, _held(cycle))
-        if found is None:
-            cycle.reasons[job.id] = _resources_reason(state, job)
+        if found is None:  # not even with every running job gone
+            cycle.reasons[job.id] = _never_fits_reason(state, job, excluded)
             return None
         cycle.reservation, cycle.spare = found
         when = "when jobs without a time limit end"
@@ -312,13 +312,19 @@ def _blocked_reason(
 
 
 def _stop_if_nothing_fits(cycle: _Cycle) -> Reason | None:
-    """Stop when even a one-GPU job failed both with and without the reservation's limits."""
+    """Stop when the smallest queued request already failed both with and without the
+    reservation's limits: every later job asks for at least as much."""
     reservation = cycle.reservation
-    unlimited = (1, 1) in cycle.failed_shapes[False] or (
+    smallest = cycle.state.smallest_queued_request()
+
+    def failed(limited: bool) -> bool:
+        return any(n == 1 and g <= smallest for n, g in cycle.failed_shapes[limited])
+
+    unlimited = failed(False) or (
         reservation is not None
         and cycle.now + cycle.state.shortest_queued_limit() > reservation.start_s
     )  # no queued job is short enough to run unconstrained before the reservation
-    limited = reservation is None or (1, 1) in cycle.failed_shapes[True]
+    limited = reservation is None or failed(True)
     if unlimited and limited and not _preemption_left(cycle):
         return Reason(
             ReasonCode.RESOURCES,
@@ -411,6 +417,27 @@ def _infeasible(state: ClusterState, job: JobRequest) -> Reason | None:
             f"needs {job.shape}; only {state.capacity_ge[g]} node(s) with ≥{g} GPUs are up",
         )
     return None
+
+
+def _never_fits_reason(state: ClusterState, job: JobRequest, excluded: frozenset[int]) -> Reason:
+    """For a job that fits the cluster's shape but not the nodes it may use (its GPU model,
+    minus excluded nodes): waiting for resources would never help."""
+    g = job.gpus_per_node
+    usable = sum(
+        1
+        for n, node in enumerate(state.nodes)
+        if state.up[n]
+        and n not in excluded
+        and node.gpus >= g
+        and (job.gpu_model is None or node.gpu_model == job.gpu_model)
+    )
+    where = "" if job.gpu_model is None else f" {job.gpu_model}"
+    if excluded:
+        where += " (not excluded)"
+    return Reason(
+        ReasonCode.INFEASIBLE,
+        f"needs {job.shape}; only {usable}{where} node(s) with ≥{g} GPUs are up",
+    )
 
 
 def _resources_reason(state: ClusterState, job: JobRequest) -> Reason:

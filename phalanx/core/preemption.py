@@ -3,9 +3,10 @@
 A higher-priority job may preempt lower-priority preemptible jobs of its own team (or of any
 team where teams have no quotas); a team reclaiming its nominal quota may preempt jobs of
 cohort teams that are borrowing; a preemptive policy (`srtf`, `las`) may preempt jobs it
-ranks lower. Exact minimum-loss victim choice is a knapsack problem; this picks, per node,
-the cheapest victims that free enough GPUs, then the cheapest set of nodes in the smallest
-domain (rack, block, cluster), and checks the result with a trial placement.
+ranks lower. Exact minimum-loss victim choice over many nodes is a knapsack problem; this
+picks, per node, the victim set losing the least work that frees enough GPUs there (a small
+exact knapsack over the node's GPUs), then the cheapest set of nodes in the smallest domain
+(rack, block, cluster), and checks the result with a trial placement.
 """
 
 from __future__ import annotations

@@ -115,6 +115,7 @@ class ClusterState:
         self.queue_key: dict[int, tuple[float, ...]] = {}
         self.queued_limits: SortedList = SortedList()  # time limits of queued jobs (inf: none)
         self.queued_priorities: Counter[int] = Counter()
+        self.queued_gpus_per_node: Counter[int] = Counter()
         self.held: dict[int, Dependency] = {}  # waiting on this dependency
         self.never: dict[int, Dependency] = {}  # dependency that can never be satisfied
         self.dependents: dict[int, set[int]] = {}
@@ -270,6 +271,7 @@ class ClusterState:
         queue.add((key, job.id))
         self.queued_limits.add(_limit(job))
         self.queued_priorities[job.priority] += 1
+        self.queued_gpus_per_node[job.gpus_per_node] += 1
 
     def _dequeue(self, job: JobRequest) -> None:
         key = self.queue_key.pop(job.id, None)
@@ -279,6 +281,9 @@ class ClusterState:
             self.queued_priorities[job.priority] -= 1
             if not self.queued_priorities[job.priority]:
                 del self.queued_priorities[job.priority]
+            self.queued_gpus_per_node[job.gpus_per_node] -= 1
+            if not self.queued_gpus_per_node[job.gpus_per_node]:
+                del self.queued_gpus_per_node[job.gpus_per_node]
         self.held.pop(job.id, None)
         self.never.pop(job.id, None)
 
@@ -396,6 +401,10 @@ class ClusterState:
         self.waiting_on.setdefault(preemptor, set()).add(victim)
 
     # ----------------------------------------------------------------- derived
+    def smallest_queued_request(self) -> int:
+        """The fewest GPUs per node any queued job asks for (0 if none is queued)."""
+        return min(self.queued_gpus_per_node, default=0)
+
     def shortest_queued_limit(self) -> float:
         """The shortest time limit of any queued job (inf if none has one)."""
         return float(self.queued_limits[0]) if self.queued_limits else math.inf

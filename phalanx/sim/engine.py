@@ -158,7 +158,7 @@ class Simulator:
                 _, _, kind, a, b = heapq.heappop(self.events)
                 done += self._handle(kind, a, b, now)
             self._cycle(now)
-            if progress is not None and time.perf_counter() - last_report > 0.5:
+            if progress is not None and time.perf_counter() - last_report > 5.0:
                 last_report = time.perf_counter()
                 progress(now, done, n_arrivals)
         res.unfinished = len(self.state.pending) + len(self.state.running)

@@ -90,6 +90,8 @@ def summarize(
         "p50_jct_s": _pct(jct, 50),
         "p95_jct_s": _pct(jct, 95),
         "p99_jct_s": _pct(jct, 99),
+        "avg_run_s": _mean(duration[done]),
+        "offered_load": float((duration * gpus).sum()) / (total_gpus * span) if total_gpus else 0.0,
         "avg_queue_s": _mean(queue),
         "p50_queue_s": _pct(queue, 50),
         "p99_queue_s": _pct(queue, 99),

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from phalanx.sim.engine import SimConfig, SimResult, simulate
@@ -54,6 +56,22 @@ class RunOutcome:
 Report = Callable[[str], None]
 
 
+def print_progress(label: str, now: float, done: int, total: int) -> None:
+    """Progress of one long simulation on stderr (also from worker processes)."""
+    print(
+        f"  … {label}: {done:,}/{total:,} jobs done, virtual day {now / 86400:.1f}",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _simulate(
+    layout: ClusterLayout, workload: Workload, config: SimConfig, label: str, progress: bool
+) -> SimResult:
+    callback = partial(print_progress, label) if progress else None
+    return simulate(layout, workload, config, callback)
+
+
 def run(
     scenario: Scenario,
     configs: Mapping[str, SimConfig],
@@ -68,7 +86,13 @@ def run(
     started = time.perf_counter()
     if workers == 1:
         for label, name in tasks:
-            res = simulate(scenario.layouts[name], scenario.workloads[name], configs[label])
+            res = _simulate(
+                scenario.layouts[name],
+                scenario.workloads[name],
+                configs[label],
+                f"{label} · {name}",
+                report is not None,
+            )
             results[label, name] = res
             if report:
                 report(f"{label} · {name}: {len(res.submit):,} jobs in {res.wall_s:.1f} s")
@@ -78,7 +102,12 @@ def run(
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {
                 pool.submit(
-                    simulate, scenario.layouts[name], scenario.workloads[name], configs[label]
+                    _simulate,
+                    scenario.layouts[name],
+                    scenario.workloads[name],
+                    configs[label],
+                    f"{label} · {name}",
+                    report is not None,
                 ): (label, name)
                 for label, name in order
             }
