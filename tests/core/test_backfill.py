@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -41,10 +42,10 @@ def _run(job_id: int, on: str, gpus: int, limit: float | None, start: float = 0.
 
 
 def _q(
-    job_id: int, gpus: int = 8, nodes: int = 1, limit: float | None = None, **kw: object
+    job_id: int, gpus: int = 8, nodes: int = 1, limit: float | None = None, **kw: Any
 ) -> JobRequest:
     request = job(job_id, gpus=gpus, nodes=nodes, limit=limit, submit=float(job_id))
-    return replace(request, **kw)  # type: ignore[arg-type]
+    return replace(request, **kw)
 
 
 CASES: dict[str, Case] = {
@@ -200,7 +201,7 @@ def test_backfill_table(case: Case) -> None:
 
 
 def test_backfilled_flag_marks_starts_behind_the_reservation() -> None:
-    state, decisions = check(CASES["reservation-counts-this-cycles-starts"])
+    _, decisions = check(CASES["reservation-counts-this-cycles-starts"])
     assert [(s.job_id, s.backfilled) for s in decisions.starts] == [(1, False), (4, True)]
 
 

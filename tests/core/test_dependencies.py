@@ -249,7 +249,18 @@ def test_start_rejects_a_job_held_by_a_dependency() -> None:
         ((True, JobState.COMPLETED), NOTOK, DepStatus.NEVER),
         ((True, JobState.NODE_FAIL), NOTOK, DepStatus.SATISFIED),
     ],
-    ids=lambda v: str(v.value) if hasattr(v, "value") else str(v),
+    ids=[
+        "unknown-job",
+        "after-not-started",
+        "after-started",
+        "after-cancelled-pending",
+        "afterok-running",
+        "afterok-completed",
+        "afterok-failed",
+        "afterany-failed",
+        "afternotok-completed",
+        "afternotok-node-fail",
+    ],
 )
 def test_evaluate_one_dependency(
     info: tuple[bool, JobState | None] | None, kind: DependencyKind, status: DepStatus

@@ -285,10 +285,12 @@ def check_reasons(state: ClusterState, decisions: Decisions, config: SchedulerCo
         assert decisions.reasons[r.job_id].code is ReasonCode.RESERVED
         assert len(r.nodes) == state.pending[r.job_id].nodes
     elif config.backfill:
-        # Without a reservation, a job blocked for resources must be one that could not run
-        # even on an empty cluster; otherwise the jobs behind it would start unchecked.
+        # Without a reservation, no job may be blocked for resources (the first one would
+        # hold the reservation); only jobs that could not run even on an empty cluster are
+        # passed over, as infeasible.
         for job_id, reason in decisions.reasons.items():
-            if reason.code is not ReasonCode.RESOURCES:
+            assert reason.code is not ReasonCode.RESOURCES, f"job {job_id} has no reservation"
+            if reason.code is not ReasonCode.INFEASIBLE:
                 continue
             request = state.pending[job_id]
             excluded = excluded_indices(state, request)
@@ -300,7 +302,7 @@ def check_reasons(state: ClusterState, decisions: Decisions, config: SchedulerCo
                 and node.gpus >= request.gpus_per_node
                 and request.gpu_model in (None, node.gpu_model)
             )
-            assert usable < request.nodes, f"job {job_id} blocked without a reservation"
+            assert usable < request.nodes, f"job {job_id} is not infeasible"
 
 
 def apply_and_check(state: ClusterState, decisions: Decisions, now: float) -> None:

@@ -196,7 +196,7 @@ def test_registered_policies_and_default() -> None:
     assert {"fifo", "priority", "sjf", "srtf", "las"} <= set(POLICIES)
     assert DEFAULT_POLICY == "priority"
     assert ClusterState(cluster_nodes(1)).policy.name == "priority"
-    with pytest.raises(ValueError, match="known policies: .*fifo"):
+    with pytest.raises(ValueError, match=r"known policies: .*fifo"):
         get_policy("lottery")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import pytest
 
@@ -40,8 +41,8 @@ class PlaceCase:
     down: Sequence[str] = ()
 
 
-def _gang(nodes: int, gpus: int = 8, **kw: object) -> JobRequest:
-    return replace(job(1, nodes=nodes, gpus=gpus), **kw)  # type: ignore[arg-type]
+def _gang(nodes: int, gpus: int = 8, **kw: Any) -> JobRequest:
+    return replace(job(1, nodes=nodes, gpus=gpus), **kw)
 
 
 CASES: dict[str, PlaceCase] = {

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -30,17 +31,17 @@ def _victim(
     team: str = "t",
     preemptible: bool = True,
     start: float = 0.0,
-    **kw: object,
+    **kw: Any,
 ) -> Running:
     """A running job of `gpus` GPUs on node `on`; it loses (NOW - checkpoint) × gpus GPU-s."""
     request = replace(
         job(job_id, team=team, gpus=gpus, priority=priority, preemptible=preemptible), **kw
-    )  # type: ignore[arg-type]
+    )
     return Running(request, on={on: gpus}, start=start, checkpoint=checkpoint)
 
 
-def _urgent(job_id: int = 1, gpus: int = 8, priority: int = 5, **kw: object) -> JobRequest:
-    return replace(job(job_id, gpus=gpus, priority=priority, submit=NOW), **kw)  # type: ignore[arg-type]
+def _urgent(job_id: int = 1, gpus: int = 8, priority: int = 5, **kw: Any) -> JobRequest:
+    return replace(job(job_id, gpus=gpus, priority=priority, submit=NOW), **kw)
 
 
 CASES: dict[str, Case] = {

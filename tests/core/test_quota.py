@@ -124,7 +124,7 @@ CASES: dict[str, tuple[Case, dict[int, int]]] = {
 
 @pytest.mark.parametrize(("case", "borrowed"), list(CASES.values()), ids=list(CASES))
 def test_quota_table(case: Case, borrowed: dict[int, int]) -> None:
-    state, decisions = check(case)
+    _, decisions = check(case)
     assert {s.job_id: s.borrowed for s in decisions.starts} == borrowed
 
 

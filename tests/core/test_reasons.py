@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -22,8 +23,8 @@ R = ReasonCode
 N2 = [node("n0"), node("n1")]
 
 
-def _q(job_id: int, gpus: int = 8, **kw: object) -> JobRequest:
-    return replace(job(job_id, gpus=gpus, submit=float(job_id)), **kw)  # type: ignore[arg-type]
+def _q(job_id: int, gpus: int = 8, **kw: Any) -> JobRequest:
+    return replace(job(job_id, gpus=gpus, submit=float(job_id)), **kw)
 
 
 def _busy(job_id: int, on: str, gpus: int = 8, limit: float | None = 500.0) -> Running:
@@ -60,12 +61,19 @@ CASES: dict[str, Case] = {
         queue=[_q(1, nodes=2)],
         reasons={1: (R.INFEASIBLE, ("needs 2 nodes × 8 GPUs", "only 1 node(s)", "are up"))},
     ),
-    "resources-when-no-reservation-can-be-made": Case(
+    "infeasible-on-the-nodes-it-may-use": Case(
         # Excluding n1 leaves one node for a 2-node gang: it can never be placed.
         nodes=N2,
-        queue=[_q(1, nodes=2, exclude_nodes=frozenset({"n1"}))],
+        running=[_busy(10, "n0")],
+        queue=[_q(1, nodes=2, exclude_nodes=frozenset({"n1"})), _q(2, gpus=8, time_limit_s=1e4)],
         reservation=None,
-        reasons={1: (R.RESOURCES, ("needs 2 nodes × 8 GPUs",))},
+        starts={2: ["n1"]},
+        reasons={1: (R.INFEASIBLE, ("needs 2 nodes × 8 GPUs", "only 1 (not excluded) node(s)"))},
+    ),
+    "infeasible-gpu-model-has-too-few-nodes": Case(
+        nodes=[node("h0"), node("a0", gpu_model="A100"), node("h1")],
+        queue=[_q(1, nodes=2, gpu_model="A100")],
+        reasons={1: (R.INFEASIBLE, ("needs 2 nodes × 8 GPUs", "only 1 A100 node(s)"))},
     ),
     "reserved-with-time-and-shape": Case(
         nodes=N2,
@@ -183,7 +191,7 @@ def test_reasons_print_like_slurm() -> None:
 
 
 def test_default_reason_for_jobs_never_examined() -> None:
-    state, decisions = check(CASES["resources-cluster-full"])
+    _, decisions = check(CASES["resources-cluster-full"])
     late = job(99, gpus=1)
     assert decisions.reason_for(late).code is R.RESOURCES
     assert decisions.reason_for(replace(late, team="nobody")) == decisions.default_reason
