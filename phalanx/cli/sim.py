@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from phalanx.core import POLICIES, SchedulerConfig
+from phalanx.core import PLACEMENT_POLICIES, POLICIES, SchedulerConfig
 from phalanx.sim.engine import SimConfig
 from phalanx.sim.failures import FailureModel
 from phalanx.sim.layout import LayoutError, load_yaml, parse_vc_nodes, per_vc, uniform
@@ -105,6 +105,10 @@ def sim(
             help=f"Ordering policy, or several comma-separated to compare: {', '.join(POLICIES)}."
         ),
     ] = "priority",
+    placement: Annotated[
+        str,
+        typer.Option(help=f"Placement policy: {', '.join(PLACEMENT_POLICIES)}."),
+    ] = "topology",
     backfill: Annotated[
         bool, typer.Option(help="EASY backfill behind the blocked head job.")
     ] = True,
@@ -146,6 +150,11 @@ def sim(
                 f"unknown policy {', '.join(unknown) or '(none)'}; known: {', '.join(POLICIES)}",
                 param_hint="--policy",
             )
+        if placement not in PLACEMENT_POLICIES:
+            raise typer.BadParameter(
+                f"unknown placement {placement!r}; known: {', '.join(PLACEMENT_POLICIES)}",
+                param_hint="--placement",
+            )
         vc_map = parse_vc_nodes(vc_nodes) if vc_nodes else None
         workload = _load(
             trace,
@@ -183,7 +192,11 @@ def sim(
     sched = SchedulerConfig(backfill=backfill, preemption=preemption)
     configs = {
         p: SimConfig(
-            policy=p, scheduler=sched, limit_factor=limit_factor or None, failures=failures
+            policy=p,
+            placement=placement,
+            scheduler=sched,
+            limit_factor=limit_factor or None,
+            failures=failures,
         )
         for p in policies
     }

@@ -10,6 +10,8 @@ from phalanx.core.decisions import (
     Start,
 )
 from phalanx.core.model import (
+    DEFAULT_PLACEMENT,
+    PLACEMENT_POLICIES,
     Dependency,
     DependencyKind,
     JobRequest,
@@ -25,7 +27,9 @@ from phalanx.core.state import ClusterState, StateError
 
 __all__ = [
     "DEFAULT_CONFIG",
+    "DEFAULT_PLACEMENT",
     "DEFAULT_POLICY",
+    "PLACEMENT_POLICIES",
     "POLICIES",
     "ClusterState",
     "Decisions",

@@ -67,6 +67,11 @@ class _Cycle:
     holds: list[tuple[float, Placement]] = field(default_factory=list)
     preempt_failed: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     reason_memo: dict[tuple[int, int, bool], Reason] = field(default_factory=dict)
+    # Facts about the queue that cannot change during a cycle (only running jobs start).
+    preempt_possible: bool = False
+    smallest_request: int = 0
+    shortest_limit: float = 0.0
+    nothing_fits: bool | None = None  # cached verdict of _stop_if_nothing_fits
 
     def known_to_fail(self, job: JobRequest, limited: bool) -> bool:
         return any(
@@ -78,12 +83,16 @@ class _Cycle:
             shape = (job.nodes, job.gpus_per_node)
             if shape not in self.failed_shapes[limited]:
                 self.failed_shapes[limited].append(shape)
+                self.nothing_fits = None  # to be re-derived
 
 
 def schedule(
     state: ClusterState, now: float, config: SchedulerConfig = DEFAULT_CONFIG
 ) -> Decisions:
     cycle = _Cycle(state, now, config, QuotaView(state))
+    cycle.preempt_possible = _preemption_possible(state, config)
+    cycle.smallest_request = state.smallest_queued_request()
+    cycle.shortest_limit = state.shortest_queued_limit()
     # Phase 1 — dependencies: the state re-evaluates them on every job transition; jobs
     # still waiting (or never satisfiable) are not in the team queues, only given reasons.
     for job_id, dep in state.held.items():
@@ -124,7 +133,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
     state, now = cycle.state, cycle.now
     excluded = excluded_indices(state, job) if job.exclude_nodes else frozenset()
     limited = cycle.reservation is not None and not _ends_before(job, now, cycle.reservation)
-    constraints = Constraints(cycle.spare, excluded) if limited else Constraints(excluded=excluded)
+    constraints = _constraints(cycle, excluded, limited)
     if job.id in state.waiting_on:
         _hold(cycle, job, tuple(state.waiting_on[job.id]), constraints, limited)
         cycle.reasons[job.id] = Reason(
@@ -142,7 +151,11 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
         assert admission.reason is not None
         # Stopping lower-ranked jobs of its own team (or borrowed GPUs of its cohort) may
         # bring the team back within its quota; the victim trial re-checks the quota.
-        if _infeasible(state, job) is None and _preempt(cycle, job, excluded, constraints, limited):
+        if (
+            cycle.preempt_possible
+            and _infeasible(state, job) is None
+            and _preempt(cycle, job, excluded, constraints, limited)
+        ):
             return None
         if blocked is None or job.gpus < blocked[0]:
             cycle.team_blocked[job.team] = (job.gpus, admission.reason)
@@ -155,7 +168,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
     # Phase 4 — gang, topology-aware placement (respecting a reservation, if any).
     placement: Placement | None = None
     if not cycle.known_to_fail(job, limited):
-        placement = place(state, job, constraints if limited or excluded else UNCONSTRAINED)
+        placement = place(state, job, constraints)
         if placement is None:
             cycle.remember_failure(job, limited)
     if placement is not None:
@@ -171,7 +184,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
         )
         return _stop_if_full(cycle)
     # Phase 5 — preemption: free a fitting placement from lower-ranked jobs.
-    if _preempt(cycle, job, excluded, constraints, limited):
+    if cycle.preempt_possible and _preempt(cycle, job, excluded, constraints, limited):
         return None
     # Phase 6 — reservation for the first blocked job, then EASY backfill behind it.
     if cycle.reservation is None:
@@ -186,6 +199,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
             cycle.reasons[job.id] = _never_fits_reason(state, job, excluded)
             return None
         cycle.reservation, cycle.spare = found
+        cycle.nothing_fits = None
         when = "when jobs without a time limit end"
         if found[0].start_s != float("inf"):
             when = f"at t={found[0].start_s:.0f}s, in {found[0].start_s - now:.0f}s"
@@ -198,6 +212,12 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
     # Phase 7 — reasons for a job that neither started nor reserved.
     cycle.reasons[job.id] = _blocked_reason(cycle, job, limited, excluded)
     return _stop_if_nothing_fits(cycle)
+
+
+def _constraints(cycle: _Cycle, excluded: frozenset[int], limited: bool) -> Constraints:
+    if limited:
+        return Constraints(cycle.spare, excluded)
+    return Constraints(excluded=excluded) if excluded else UNCONSTRAINED
 
 
 def _preempt(
@@ -314,17 +334,19 @@ def _blocked_reason(
 def _stop_if_nothing_fits(cycle: _Cycle) -> Reason | None:
     """Stop when the smallest queued request already failed both with and without the
     reservation's limits: every later job asks for at least as much."""
+    if cycle.nothing_fits is False:  # nothing learned since the last look
+        return None
     reservation = cycle.reservation
-    smallest = cycle.state.smallest_queued_request()
+    smallest = cycle.smallest_request
 
     def failed(limited: bool) -> bool:
         return any(n == 1 and g <= smallest for n, g in cycle.failed_shapes[limited])
 
     unlimited = failed(False) or (
-        reservation is not None
-        and cycle.now + cycle.state.shortest_queued_limit() > reservation.start_s
+        reservation is not None and cycle.now + cycle.shortest_limit > reservation.start_s
     )  # no queued job is short enough to run unconstrained before the reservation
     limited = reservation is None or failed(True)
+    cycle.nothing_fits = unlimited and limited
     if unlimited and limited and not _preemption_left(cycle):
         return Reason(
             ReasonCode.RESOURCES,
@@ -358,12 +380,14 @@ def _stop_if_full(cycle: _Cycle) -> Reason | None:
 
 def _preemption_left(cycle: _Cycle) -> bool:
     """Whether a later job might still preempt, so the cycle must go on."""
-    if not cycle.config.preemption:
-        return False
-    if cycle.preemption_attempts >= cycle.config.max_preemption_attempts:
-        return False
-    state = cycle.state
-    if not state.running_priorities:
+    return (
+        cycle.preempt_possible and cycle.preemption_attempts < cycle.config.max_preemption_attempts
+    )
+
+
+def _preemption_possible(state: ClusterState, config: SchedulerConfig) -> bool:
+    """Whether any queued job could preempt anything this cycle."""
+    if not config.preemption or not state.running_priorities:
         return False
     return (
         state.policy.preemptive

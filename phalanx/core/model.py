@@ -129,6 +129,14 @@ class JobRequest:
         return f"{self.nodes} nodes × {self.gpus_per_node} GPUs"
 
 
+PLACEMENT_POLICIES: dict[str, str] = {
+    "topology": "best fit on one node; gangs in the tightest rack, then block, then cluster",
+    "spread": "most free GPUs first, ignoring racks (like kube-scheduler's LeastAllocated); "
+    "a baseline to show what topology-aware placement is worth",
+}
+DEFAULT_PLACEMENT = "topology"
+
+
 def gang_shape(gpus: int, gpus_per_node: int) -> tuple[int, int]:
     """Turn a plain GPU count into (nodes, GPUs per node) for nodes of `gpus_per_node` GPUs.
 

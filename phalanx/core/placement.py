@@ -62,9 +62,29 @@ def place(state: ClusterState, job: JobRequest, c: Constraints = UNCONSTRAINED) 
     g = job.gpus_per_node
     if g > state.max_gpus or state.cluster_ge[g] < job.nodes:
         return None
+    if state.placement == "spread":
+        return _place_spread(state, job, c)
     if job.nodes == 1:
         return _place_single(state, job, c)
     return _place_gang(state, job, c)
+
+
+def _place_spread(state: ClusterState, job: JobRequest, c: Constraints) -> Placement | None:
+    """The `spread` baseline: the nodes with the most free GPUs, wherever they are."""
+    g = job.gpus_per_node
+    models = state.models if job.gpu_model is None else [job.gpu_model]
+    chosen: list[int] = []
+    for f in range(state.max_gpus, g - 1, -1):
+        for model in models:
+            buckets = state.buckets.get(model)
+            if buckets is None:
+                continue
+            for n in buckets[f]:
+                if _usable(state, n, job, c):
+                    chosen.append(n)
+                    if len(chosen) == job.nodes:
+                        return _slots(state, job, chosen)
+    return None
 
 
 def _place_single(state: ClusterState, job: JobRequest, c: Constraints) -> Placement | None:

@@ -23,6 +23,8 @@ from sortedcontainers import SortedList
 
 from phalanx.core.deps import DepStatus, evaluate
 from phalanx.core.model import (
+    DEFAULT_PLACEMENT,
+    PLACEMENT_POLICIES,
     Dependency,
     JobRequest,
     JobState,
@@ -47,9 +49,14 @@ class ClusterState:
         teams: Iterable[Team] = (),
         policy: str = DEFAULT_POLICY,
         fairshare_halflife_s: float = DEFAULT_FAIRSHARE_HALFLIFE_S,
+        placement: str = DEFAULT_PLACEMENT,
     ) -> None:
         if not nodes:
             raise StateError("a cluster needs at least one node")
+        if placement not in PLACEMENT_POLICIES:
+            known = ", ".join(PLACEMENT_POLICIES)
+            raise StateError(f"unknown placement policy {placement!r}; known: {known}")
+        self.placement = placement
         self.policy: OrderingPolicy = get_policy(policy)
         self.fairshare_halflife_s = fairshare_halflife_s
         self.nodes: list[Node] = list(nodes)

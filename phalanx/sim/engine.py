@@ -27,6 +27,7 @@ ARRIVE, FINISH, PREEMPT_EXIT, FAIL, REPAIR = range(5)
 @dataclass(frozen=True, slots=True)
 class SimConfig:
     policy: str = "priority"
+    placement: str = "topology"
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     limit_factor: float | None = 1.0  # time limit = duration × factor (None: no limits)
     preemption_grace_s: float = 30.0  # notice → exit (a cooperative job checkpoints)
@@ -93,7 +94,9 @@ class Simulator:
     def __init__(self, layout: ClusterLayout, workload: Workload, config: SimConfig) -> None:
         self.layout = layout
         self.config = config
-        self.state = ClusterState(layout.nodes, layout.teams, policy=config.policy)
+        self.state = ClusterState(
+            layout.nodes, layout.teams, policy=config.policy, placement=config.placement
+        )
         self.gpus_per_node = max(n.gpus for n in layout.nodes)
         self.total_gpus = sum(n.gpus for n in layout.nodes)
         self.arrivals = sorted(workload.jobs, key=lambda j: (j.submit_s, j.id))

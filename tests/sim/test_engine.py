@@ -111,3 +111,16 @@ def test_quota_borrowing_in_simulation() -> None:
 def test_jain_index() -> None:
     assert jain_index([1, 1, 1]) == pytest.approx(1.0)
     assert jain_index([1, 0, 0, 0]) == pytest.approx(0.25)
+
+
+def test_topology_placement_beats_spread_on_fragmentation() -> None:
+    # Four 1-GPU jobs, then a 2 × 8 gang. Best fit packs the small jobs on one node and the
+    # gang starts at once in the other rack; spreading them blocks every node.
+    layout = uniform(4, gpus_per_node=8, nodes_per_rack=2)
+    small = [(0.0, 1000.0, 1, "t", 0)] * 4
+    wl = _workload(*small, (1.0, 100.0, 16, "t", 0))
+    packed = simulate(layout, wl, SimConfig(placement="topology"))
+    spread = simulate(layout, wl, SimConfig(placement="spread"))
+    assert packed.start[4] == 1.0
+    assert spread.start[4] == 1000.0
+    assert _jct(spread, 4) > _jct(packed, 4)
