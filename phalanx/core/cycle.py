@@ -176,9 +176,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
         cycle.reason_memo.clear()
         cycle.quota.add(job.team, job.gpus)
         if limited:
-            for n, mask in placement.slots:
-                if n in cycle.spare:
-                    cycle.spare[n] -= mask.bit_count()
+            _use_spare(cycle, placement)
         cycle.starts.append(
             Start(job.id, placement, admission.borrowed, backfilled=cycle.reservation is not None)
         )
@@ -283,24 +281,32 @@ def _hold(
     free = tuple((n, mask & state.free_mask[n]) for n, mask in target.slots)
     hold = Placement(tuple((n, mask) for n, mask in free if mask))
     if limited:
-        for n, mask in target.slots:
-            if n in cycle.spare:
-                cycle.spare[n] -= mask.bit_count()
+        _use_spare(cycle, target)
     if not hold.slots:
         return
     state.take(hold)
     cycle.reason_memo.clear()
-    limit = job.time_limit_s
-    cycle.holds.append((cycle.now + limit if limit is not None else math.inf, hold))
+    cycle.holds.append((_release_time(cycle.now, job), hold))
 
 
 def _held(cycle: _Cycle) -> list[tuple[float, Placement]]:
     """The GPUs this cycle took in the state, with when their jobs will release them."""
     held = list(cycle.holds)
     for start in cycle.starts:
-        limit = cycle.state.pending[start.job_id].time_limit_s
-        held.append((cycle.now + limit if limit is not None else math.inf, start.placement))
+        held.append((_release_time(cycle.now, cycle.state.pending[start.job_id]), start.placement))
     return held
+
+
+def _release_time(now: float, job: JobRequest) -> float:
+    """When a job started now gives its GPUs back at the latest (its time limit)."""
+    return math.inf if job.time_limit_s is None else now + job.time_limit_s
+
+
+def _use_spare(cycle: _Cycle, placement: Placement) -> None:
+    """A job that may not delay the reservation used some of its nodes' spare GPUs."""
+    for n, mask in placement.slots:
+        if n in cycle.spare:
+            cycle.spare[n] -= mask.bit_count()
 
 
 def _blocked_reason(
@@ -356,9 +362,7 @@ def _stop_if_nothing_fits(cycle: _Cycle) -> Reason | None:
 
 
 def _may_try_preemption(cycle: _Cycle, job: JobRequest) -> bool:
-    if not cycle.config.preemption:
-        return False
-    if cycle.preemption_attempts >= cycle.config.max_preemption_attempts:
+    if not _preemption_left(cycle):
         return False
     failed = cycle.preempt_failed.get(job.team, ())
     if any(job.nodes >= n and job.gpus_per_node >= g for n, g in failed):

@@ -82,47 +82,39 @@ def run(
     tasks = [(label, name) for label in configs for name in scenario.layouts]
     workers = max(1, min(workers or os.cpu_count() or 1, len(tasks)))
     results: dict[tuple[str, str], SimResult] = {}
-    walls: dict[str, float] = {label: 0.0 for label in configs}
     started = time.perf_counter()
+
+    def args(label: str, name: str) -> tuple[ClusterLayout, Workload, SimConfig, str, bool]:
+        return (
+            scenario.layouts[name],
+            scenario.workloads[name],
+            configs[label],
+            f"{label} · {name}",
+            report is not None,
+        )
+
+    def done(label: str, name: str, res: SimResult) -> None:
+        results[label, name] = res
+        if report:
+            report(f"{label} · {name}: {len(res.submit):,} jobs in {res.wall_s:.1f} s")
+
     if workers == 1:
         for label, name in tasks:
-            res = _simulate(
-                scenario.layouts[name],
-                scenario.workloads[name],
-                configs[label],
-                f"{label} · {name}",
-                report is not None,
-            )
-            results[label, name] = res
-            if report:
-                report(f"{label} · {name}: {len(res.submit):,} jobs in {res.wall_s:.1f} s")
+            done(label, name, _simulate(*args(label, name)))
     else:
         # Biggest clusters first so the slowest runs do not start last.
         order = sorted(tasks, key=lambda t: -len(scenario.workloads[t[1]].jobs))
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {
-                pool.submit(
-                    _simulate,
-                    scenario.layouts[name],
-                    scenario.workloads[name],
-                    configs[label],
-                    f"{label} · {name}",
-                    report is not None,
-                ): (label, name)
-                for label, name in order
+                pool.submit(_simulate, *args(label, name)): (label, name) for label, name in order
             }
             for future in as_completed(futures):
-                label, name = futures[future]
-                res = future.result()
-                results[label, name] = res
-                if report:
-                    report(f"{label} · {name}: {len(res.submit):,} jobs in {res.wall_s:.1f} s")
+                done(*futures[future], future.result())
     elapsed = time.perf_counter() - started
     out: dict[str, RunOutcome] = {}
     for label, config in configs.items():
         runs = [results[label, name] for name in scenario.layouts]
-        walls[label] = sum(r.wall_s for r in runs)
-        summary = summarize(runs, config.failures, wall_s=walls[label])
+        summary = summarize(runs, config.failures, wall_s=sum(r.wall_s for r in runs))
         summary["elapsed_s"] = elapsed
         out[label] = RunOutcome(runs, summary)
     return out
