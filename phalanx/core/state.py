@@ -255,6 +255,19 @@ class ClusterState:
     def lookup(self, job_id: int) -> tuple[bool, JobState | None] | None:
         return self.known.get(job_id)
 
+    def remember(self, job_id: int, started: bool, final: JobState) -> None:
+        """Record a job that ended before this state was built, so dependencies on it resolve.
+
+        Adapters that rebuild the state from a store (the head after a restart, or after a
+        node joins) call this before submitting the jobs that depend on it.
+        """
+        if not final.terminal:
+            raise StateError(f"{final.name} is not a terminal state")
+        if job_id in self.known and self.known[job_id][1] is None:
+            raise StateError(f"job {job_id} is live in this state")
+        self.known[job_id] = (started, final)
+        self._notify_dependents(job_id)
+
     def submit(self, job: JobRequest, now: float) -> None:
         if job.id in self.known:
             raise StateError(f"job {job.id} was already submitted")

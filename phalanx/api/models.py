@@ -1,0 +1,406 @@
+"""Every type that crosses the wire (REST between CLI, head and agents): pydantic, strict.
+
+This module is the contract between the head, the agents, the client and the CLI. Inside
+each process, frozen dataclasses are used; pydantic lives only here, at the boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 62  # the core's per-node bitmask limit
+MAX_ARRAY_TASKS = 10_000
+
+Launcher = Literal["torchrun", "node", "batch"]
+JobStateCode = Literal["PD", "R", "CG", "CD", "F", "CA", "TO", "NF", "PR"]
+Role = Literal["user", "team_admin", "admin"]
+NodeStateName = Literal["up", "down", "drain", "draining"]
+DependencyType = Literal["after", "afterok", "afterany", "afternotok"]
+
+Name = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@+-]+$")
+]
+
+
+class Wire(BaseModel):
+    """Base of every wire model: unknown fields are an error, types are not coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# ----------------------------------------------------------------------------- job spec
+class DependencySpec(Wire):
+    type: DependencyType
+    job_ids: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+
+
+class ArraySpec(Wire):
+    """`--array=0-15%4`: the task indices, and how many may run at once (None: no limit)."""
+
+    indices: list[Annotated[int, Field(ge=0, le=4_000_000)]] = Field(
+        min_length=1, max_length=MAX_ARRAY_TASKS
+    )
+    max_parallel: Annotated[int, Field(ge=1)] | None = None
+
+
+class SignalSpec(Wire):
+    """`--signal=[{R|B}:]SIG[@secs]`: send SIG this many seconds before the time limit."""
+
+    signal: Annotated[str, StringConstraints(pattern=r"^SIG[A-Z0-9]+$")] = "SIGUSR1"
+    seconds_before: Annotated[int, Field(ge=0, le=65535)] = 60
+    batch_only: bool = False  # `B:`: only the batch shell gets it
+
+
+class JobSpec(Wire):
+    """One job as the user asked for it. YAML files, CLI flags and `#SBATCH` scripts all
+    parse into this one type (phalanx.jobspec); the head validates it again on submit.
+
+    Exactly one of `command` (argv, run by the torchrun or node launcher) and `script`
+    (the text of a batch script, run once on the first node by the batch launcher).
+    """
+
+    name: Annotated[str, StringConstraints(min_length=1, max_length=200)] = "job"
+    command: list[Annotated[str, StringConstraints(max_length=65536)]] | None = None
+    script: Annotated[str, StringConstraints(max_length=1_000_000)] | None = None
+    launcher: Launcher = "torchrun"
+    nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
+    gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)] = 1
+    ntasks_per_node: Annotated[int, Field(ge=1, le=1024)] | None = None
+    cpus_per_task: Annotated[int, Field(ge=1, le=4096)] | None = None
+    mem_mb: Annotated[int, Field(ge=1)] | None = None
+    time_limit_s: Annotated[int, Field(ge=1)] | None = None
+    team: Name | None = None  # `-p/--partition`; None: the user's default team
+    account: Name | None = None  # `-A/--account`: recorded (sacct), not enforced
+    qos: Name = "normal"  # maps to a priority class on the head (low, normal, high)
+    gpu_model: Name | None = None  # `--gres=gpu:h100:4` or `--constraint`
+    workdir: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
+    output: Annotated[str, StringConstraints(max_length=4096)] | None = None  # `-o` pattern
+    error: Annotated[str, StringConstraints(max_length=4096)] | None = None  # `-e` pattern
+    env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
+    dependencies: list[DependencySpec] = []
+    dependency_any: bool = False  # Slurm's `?` separator: any one dependency suffices
+    array: ArraySpec | None = None
+    requeue: bool = True
+    signal: SignalSpec | None = None
+    exclusive: bool = False
+    preemptible: bool = True
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    exclude_nodes: list[Name] = []
+
+
+class SubmitResponse(Wire):
+    job_ids: list[int]  # one id, or one per array task
+    array_job_id: int | None = None
+    warnings: list[str] = []
+
+
+# ----------------------------------------------------------------------------- job views
+class RankPlacement(Wire):
+    node: str
+    address: str
+    gpus: list[int]  # GPU indices on that node
+
+
+class JobInfo(Wire):
+    id: int
+    name: str
+    user: str
+    team: str
+    account: str | None
+    qos: str
+    priority: int
+    state: JobStateCode
+    reason: str | None  # pending reason code (Slurm style), or why it ended
+    reason_message: str | None  # the plain-language sentence
+    nodes: int
+    gpus_per_node: int
+    launcher: Launcher
+    time_limit_s: int | None
+    submit_time: float  # unix seconds
+    start_time: float | None
+    end_time: float | None
+    exit_code: str | None  # "exit:signal", as sacct
+    restart_count: int
+    epoch: int
+    array_job_id: int | None
+    array_task_id: int | None
+    placement: list[RankPlacement]  # empty unless allocated
+    workdir: str
+
+
+class JobEvent(Wire):
+    time: float
+    kind: str  # submitted, started, requeued, preempted, cancelled, ended, node_down, ...
+    message: str
+    node: str | None = None
+
+
+class JobDetail(Wire):
+    job: JobInfo
+    spec: JobSpec
+    events: list[JobEvent]
+
+
+class JobList(Wire):
+    jobs: list[JobInfo]
+
+
+class CancelRequest(Wire):
+    signal: Annotated[str, StringConstraints(pattern=r"^SIG[A-Z0-9]+$")] | None = None
+
+
+class LogChunk(Wire):
+    job_id: int
+    rank: int
+    stream: Literal["stdout", "stderr"]
+    offset: int  # byte offset of `data` in the file
+    next_offset: int
+    data: str  # decoded as UTF-8 with replacement
+    eof: bool  # the rank has ended and everything was read
+
+
+# ----------------------------------------------------------------------------- nodes
+class GpuInfo(Wire):
+    index: int
+    uuid: str
+    model: str
+    memory_mb: int
+
+
+class GpuTelemetry(Wire):
+    index: int
+    utilization_pct: float | None = None
+    memory_used_mb: int | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+
+
+class NodeInfo(Wire):
+    name: str
+    address: str
+    agent_url: str
+    state: NodeStateName
+    reason: str | None
+    cpus: int
+    memory_mb: int
+    gpus: list[GpuInfo]
+    gpus_used: int
+    labels: dict[str, str]  # rack, block, …
+    last_heartbeat: float | None
+    heartbeat_age_s: float | None
+    jobs: list[int]
+
+
+class NodeList(Wire):
+    nodes: list[NodeInfo]
+
+
+class DrainRequest(Wire):
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=500)]
+
+
+# ----------------------------------------------------------------------------- agent wire
+class RegisterRequest(Wire):
+    """An agent joins with a join token and gets back a per-node credential."""
+
+    name: Name
+    address: str
+    agent_url: str  # where the agent's own API listens (logs, srun steps)
+    agent_secret: Annotated[str, StringConstraints(min_length=16, max_length=256)]
+    cpus: Annotated[int, Field(ge=1)]
+    memory_mb: Annotated[int, Field(ge=1)]
+    gpus: list[GpuInfo] = Field(max_length=MAX_GPUS_PER_NODE)
+    labels: dict[Name, Name] = {}
+
+
+class RegisterResponse(Wire):
+    node_token: str
+    heartbeat_s: float
+    lease_s: float
+
+
+class ProcessStatus(Wire):
+    """One rank (or the batch script) the agent started, as the agent sees it now."""
+
+    job_id: int
+    epoch: int
+    rank: int  # global rank; the batch script is rank 0
+    local_rank: int
+    pid: int | None
+    running: bool
+    exit_code: int | None = None  # set when exited normally
+    signal: int | None = None  # set when killed by a signal
+    started_at: float
+    ended_at: float | None = None
+
+
+class Heartbeat(Wire):
+    """The agent's report. `version` is the desired-state version it last applied; with
+    `wait_s` > 0 the head holds the answer until that version changes (long poll)."""
+
+    name: Name
+    version: int
+    wait_s: Annotated[float, Field(ge=0, le=30)] = 0.0
+    processes: list[ProcessStatus] = []
+    master_ports: dict[str, int] = {}  # job id → port picked by the rank-0 node
+    gpus: list[GpuTelemetry] = []
+
+
+class Assignment(Wire):
+    """One job this node must run, with everything needed to launch its local ranks."""
+
+    job_id: int
+    epoch: int
+    name: str
+    user: str
+    launcher: Launcher
+    command: list[str] | None
+    script: str | None
+    workdir: str
+    env: dict[str, str]
+    gpus: list[int]  # local GPU indices for this job on this node
+    node_rank: int
+    nodes: list[str]  # node names, rank order
+    addresses: list[str]  # their addresses, rank order
+    agent_urls: list[str]  # their agent URLs, rank order (srun)
+    gpus_per_node: int
+    ntasks_per_node: int | None
+    cpus_per_task: int | None
+    master_addr: str
+    master_port: int | None  # None until the rank-0 node picked a free port
+    restart_count: int
+    submit_dir: str
+    output: str | None
+    error: str | None
+    array_job_id: int | None
+    array_task_id: int | None
+    time_limit_s: int | None
+    step_token: str  # lets `srun` inside this job start tasks on its nodes
+    account: str | None
+    team: str
+
+
+class DesiredState(Wire):
+    version: int
+    jobs: list[Assignment]
+    heartbeat_s: float
+    lease_s: float
+    kill_grace_s: float
+
+
+# ----------------------------------------------------------------------------- auth admin
+class WhoAmI(Wire):
+    user: str
+    role: Role
+    teams: list[str]
+    admin_of: list[str]
+
+
+class UserCreate(Wire):
+    name: Name
+    admin: bool = False
+    teams: list[Name] = []
+    team_admin_of: list[Name] = []
+    default_team: Name | None = None
+
+
+class UserInfo(Wire):
+    name: str
+    admin: bool
+    teams: list[str]
+    team_admin_of: list[str]
+    default_team: str | None
+
+
+class UserList(Wire):
+    users: list[UserInfo]
+
+
+class TokenCreate(Wire):
+    user: Name
+    description: Annotated[str, StringConstraints(max_length=200)] = ""
+
+
+class TokenIssued(Wire):
+    id: int
+    token: str  # shown once; only its hash is stored
+    user: str | None
+    kind: Literal["api", "join"]
+
+
+class TokenInfo(Wire):
+    id: int
+    user: str | None
+    kind: Literal["api", "join", "node"]
+    description: str
+    created: float
+    last_used: float | None
+    revoked: bool
+
+
+class TokenList(Wire):
+    tokens: list[TokenInfo]
+
+
+class TeamSpec(Wire):
+    name: Name
+    quota_gpus: Annotated[int, Field(ge=0)] | None = None  # None: unlimited
+    cohort: Name | None = None
+    borrowing_limit: Annotated[int, Field(ge=0)] | None = None
+    weight: Annotated[float, Field(gt=0)] | None = None
+
+
+class TeamInfo(Wire):
+    name: str
+    quota_gpus: int | None
+    cohort: str | None
+    borrowing_limit: int | None
+    weight: float | None
+    gpus_in_use: int
+    members: list[str]
+
+
+class TeamList(Wire):
+    teams: list[TeamInfo]
+
+
+class ErrorBody(Wire):
+    detail: str
+
+
+class Health(Wire):
+    status: Literal["ok"]
+    version: str
+
+
+# ----------------------------------------------------------------------------- srun steps
+class StepTask(Wire):
+    task_id: int  # SLURM_PROCID within the step
+    local_id: int  # SLURM_LOCALID
+    node_id: int  # SLURM_NODEID
+    argv: list[str] = Field(min_length=1)
+    env: dict[str, str] = {}  # srun's own environment, forwarded
+
+
+class StepLaunch(Wire):
+    job_id: int
+    step_id: int
+    workdir: str
+    tasks: list[StepTask] = Field(min_length=1)
+
+
+class StepTaskStatus(Wire):
+    task_id: int
+    pid: int | None
+    running: bool
+    exit_code: int | None = None
+    signal: int | None = None
+
+
+class StepStatus(Wire):
+    job_id: int
+    step_id: int
+    tasks: list[StepTaskStatus]

@@ -1,0 +1,1 @@
+"""The control plane: REST API, durable store, auth and the control loop around core."""

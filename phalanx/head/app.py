@@ -1,0 +1,263 @@
+"""The head's REST API (FastAPI): every route but /healthz needs a bearer token."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+import httpx
+from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from phalanx import __version__
+from phalanx.api import models as m
+from phalanx.head.auth import AuthError, Forbidden, Principal
+from phalanx.head.control import HeadError
+from phalanx.head.service import Head
+
+MAX_BODY_BYTES = 2 * 1024 * 1024
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def _err(description: str) -> dict[str, Any]:
+    return {"model": m.ErrorBody, "description": description}
+
+
+COMMON: dict[int | str, dict[str, Any]] = {
+    401: _err("missing, unknown or revoked token"),
+    403: _err("the token may not do this"),
+    413: _err("request body too large"),
+    422: _err("invalid request"),
+    503: _err("the head is restarting"),
+}
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: _err("no such object")}
+CONFLICT: dict[int | str, dict[str, Any]] = {409: _err("conflicts with the current state")}
+BAD_GATEWAY: dict[int | str, dict[str, Any]] = {
+    502: _err("the node holding the logs is unreachable")
+}
+
+
+def principal(
+    request: Request,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    head: Head = request.app.state.head
+    return head.authenticate(creds.credentials if creds else None)
+
+
+Who = Annotated[Principal, Depends(principal)]
+
+
+def _user(who: Who) -> Principal:
+    return Head.require_user(who)
+
+
+def _admin(who: Who) -> Principal:
+    return Head.require_admin(who)
+
+
+User = Annotated[Principal, Depends(_user)]
+Admin = Annotated[Principal, Depends(_admin)]
+
+
+def create_app(head: Head) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        head.loop = asyncio.get_running_loop()
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            _app.state.http = client
+            yield
+
+    app = FastAPI(
+        title="Phalanx head",
+        version=__version__,
+        lifespan=lifespan,
+        responses=COMMON,
+        description="Control plane of a Phalanx GPU cluster. Send `Authorization: Bearer TOKEN`.",
+    )
+    app.state.head = head
+
+    @app.middleware("http")
+    async def limit_body(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            return _json(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+        if request.method in ("POST", "PUT", "PATCH") and length is None:
+            body = b""
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > MAX_BODY_BYTES:
+                    return _json(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+            request._body = body  # already read: hand it on to the route
+        return await call_next(request)
+
+    @app.exception_handler(HeadError)
+    async def _head_error(_r: Request, e: HeadError) -> JSONResponse:
+        return _json(e.status, e.detail)
+
+    @app.exception_handler(AuthError)
+    async def _auth_error(_r: Request, e: AuthError) -> JSONResponse:
+        return _json(401, str(e), {"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(Forbidden)
+    async def _forbidden(_r: Request, e: Forbidden) -> JSONResponse:
+        return _json(403, str(e))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_r: Request, e: RequestValidationError) -> JSONResponse:
+        parts = []
+        for err in e.errors()[:10]:
+            where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+            parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
+        return _json(422, "; ".join(parts) or "invalid request")
+
+    @app.get("/healthz", response_model=m.Health, responses={})
+    def healthz() -> m.Health:
+        return m.Health(status="ok", version=__version__)
+
+    @app.get("/v1/whoami", response_model=m.WhoAmI)
+    def whoami(who: User) -> m.WhoAmI:
+        return head.whoami(who)
+
+    # ----------------------------------------------------------------- jobs
+    @app.post("/v1/jobs", status_code=201, response_model=m.SubmitResponse, responses=NOT_FOUND)
+    async def submit(spec: m.JobSpec, who: User) -> m.SubmitResponse:
+        return await asyncio.wrap_future(
+            head.control.submit_op(lambda tx: _submit(head, tx, who, spec))
+        )
+
+    @app.get("/v1/jobs", response_model=m.JobList)
+    def list_jobs(
+        who: User,
+        active: bool = False,
+        ended: bool = False,
+        user: Annotated[str | None, Query(max_length=128)] = None,
+        team: Annotated[str | None, Query(max_length=128)] = None,
+        state: Annotated[str | None, Query(max_length=64, pattern=r"^[A-Z,]*$")] = None,
+        since: float | None = None,
+        limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+    ) -> m.JobList:
+        states = {s for s in state.split(",") if s} if state else None
+        return head.list_jobs(who, active, ended, user, team, states, since, limit)
+
+    @app.get("/v1/jobs/{job_id}", response_model=m.JobDetail, responses=NOT_FOUND)
+    def job(job_id: int, who: User) -> m.JobDetail:
+        return head.job_detail(who, job_id)
+
+    @app.post(
+        "/v1/jobs/{job_id}/cancel", response_model=m.JobInfo, responses={**NOT_FOUND, **CONFLICT}
+    )
+    def cancel(job_id: int, who: User, body: m.CancelRequest | None = None) -> m.JobInfo:
+        return head.cancel(who, job_id)
+
+    @app.get(
+        "/v1/jobs/{job_id}/logs",
+        response_model=m.LogChunk,
+        responses={**NOT_FOUND, **CONFLICT, **BAD_GATEWAY},
+    )
+    async def logs(
+        request: Request,
+        job_id: int,
+        who: User,
+        rank: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
+        stream: Literal["stdout", "stderr"] = "stdout",
+        offset: Annotated[int, Query(ge=0)] = 0,
+    ) -> m.LogChunk:
+        rec = head.job_record(who, job_id)
+        node = head.log_source(rec, rank)
+        client: httpx.AsyncClient = request.app.state.http
+        try:
+            r = await client.get(
+                f"{node.agent_url}/v1/logs/{job_id}",
+                params={"rank": rank, "stream": stream, "offset": offset},
+                headers={"Authorization": f"Bearer {node.agent_secret}"},
+            )
+        except httpx.HTTPError as e:
+            raise HeadError(502, f"node {node.name} is unreachable: {e}") from None
+        if r.status_code == 404:
+            raise HeadError(404, f"no logs for job {job_id} rank {rank} on {node.name}")
+        if r.status_code != 200:
+            raise HeadError(502, f"node {node.name} answered {r.status_code}")
+        return m.LogChunk.model_validate_json(r.content)
+
+    # ----------------------------------------------------------------- nodes
+    @app.get("/v1/nodes", response_model=m.NodeList)
+    def nodes(who: User) -> m.NodeList:
+        return head.nodes()
+
+    @app.post("/v1/nodes/{name}/drain", response_model=m.NodeInfo, responses=NOT_FOUND)
+    def drain(name: str, body: m.DrainRequest, who: Admin) -> m.NodeInfo:
+        return head.set_drain(name, body.reason)
+
+    @app.post("/v1/nodes/{name}/resume", response_model=m.NodeInfo, responses=NOT_FOUND)
+    def resume(name: str, who: Admin) -> m.NodeInfo:
+        return head.set_drain(name, None)
+
+    # ----------------------------------------------------------------- admin
+    @app.get("/v1/users", response_model=m.UserList)
+    def users(who: Admin) -> m.UserList:
+        return m.UserList(users=list(head.users_by_name().values()))
+
+    @app.post("/v1/users", status_code=201, response_model=m.UserInfo, responses=CONFLICT)
+    def add_user(body: m.UserCreate, who: Admin) -> m.UserInfo:
+        return head.add_user(body)
+
+    @app.post("/v1/tokens", status_code=201, response_model=m.TokenIssued, responses=NOT_FOUND)
+    def create_token(body: m.TokenCreate, who: User) -> m.TokenIssued:
+        if not who.admin and body.user != who.user:
+            raise Forbidden("only admins create tokens for other users")
+        return head.issue_token("api", body.user, body.description)
+
+    @app.get("/v1/tokens", response_model=m.TokenList)
+    def list_tokens(who: Admin) -> m.TokenList:
+        with head.control.engine.connect() as conn:
+            from phalanx.head import store
+
+            return m.TokenList(tokens=store.tokens(conn))
+
+    @app.delete("/v1/tokens/{token_id}", status_code=204, responses=NOT_FOUND)
+    def revoke(token_id: int, who: Admin) -> Response:
+        head.revoke(token_id)
+        return Response(status_code=204)
+
+    @app.post("/v1/join-tokens", status_code=201, response_model=m.TokenIssued)
+    def join_token(who: Admin) -> m.TokenIssued:
+        return head.issue_token("join", None, "agent join token")
+
+    @app.get("/v1/teams", response_model=m.TeamList)
+    def teams(who: User) -> m.TeamList:
+        return head.teams()
+
+    @app.put("/v1/teams/{name}", response_model=m.TeamInfo)
+    def put_team(name: str, body: m.TeamSpec, who: Admin) -> m.TeamInfo:
+        if body.name != name:
+            raise HeadError(422, f"the body names team {body.name!r} but the path {name!r}")
+        return head.put_team(body)
+
+    # ----------------------------------------------------------------- agents
+    @app.post("/v1/agent/register", response_model=m.RegisterResponse)
+    def register(body: m.RegisterRequest, who: Who) -> m.RegisterResponse:
+        return head.register(who, body)
+
+    @app.post("/v1/agent/heartbeat", response_model=m.DesiredState, responses=NOT_FOUND)
+    async def heartbeat(body: m.Heartbeat, who: Who) -> m.DesiredState:
+        return await head.heartbeat(who, body)
+
+    return app
+
+
+def _submit(head: Head, tx: Any, who: Principal, spec: m.JobSpec) -> m.SubmitResponse:
+    from phalanx.head import jobs
+
+    return jobs.submit(head.mirror, tx, who, spec)
+
+
+def _json(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"detail": detail}, headers=headers)

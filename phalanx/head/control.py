@@ -1,0 +1,188 @@
+"""The control plane's one writer: a thread that applies operations in batched transactions.
+
+Every change (a submit, a heartbeat's report, a cancel, a scheduling cycle) is a function run
+by this thread on the mirror and the database in one transaction; its caller's future is
+resolved only after the commit, so an answered request is durable. Batching all operations
+that arrive together into one commit (group commit) is what makes thousands of submits a
+second possible on SQLite's one fsync per commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine
+
+from phalanx.core import Team
+from phalanx.head import lifecycle, scheduling, store
+from phalanx.head.mirror import Mirror, Settings, Tx
+
+log = logging.getLogger("phalanx.head")
+T = TypeVar("T")
+
+
+class HeadError(Exception):
+    """An operation refused with an HTTP status and a message for the user; nothing changed."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass(slots=True)
+class _Op:
+    fn: Callable[[Tx], Any]
+    future: Future[Any]
+
+
+class ControlThread:
+    """Owns the mirror; runs operations, the scheduler and the clock in one thread."""
+
+    def __init__(self, engine: Engine, settings: Settings) -> None:
+        self.engine = engine
+        self.mirror = Mirror(settings)
+        self.lock = threading.RLock()  # held while the mirror changes; readers take it too
+        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="phalanx-control", daemon=True)
+        self._stopping = False
+        self.on_commit: Callable[[set[str]], None] = lambda nodes: None
+        self.cycles = 0
+
+    # ------------------------------------------------------------------ start-up
+    def load(self) -> None:
+        """Rebuild the mirror from the database (start-up, also after a crash)."""
+        m = self.mirror
+        with self.engine.connect() as conn:
+            now = time.time()
+            for known in store.all_nodes(conn):
+                known.last_heartbeat = now  # a lease's grace after a head restart
+                m.nodes[known.name] = known
+            for team in store.all_teams(conn):
+                m.teams[team.name] = _core_team(team)
+            for rec in store.live_jobs(conn):
+                m.jobs[rec.id] = rec
+                for node, _ in rec.placement:
+                    m.node_jobs.setdefault(node, set()).add(rec.id)
+                if rec.stopping is not None:
+                    rec.stop_version = {n: 0 for n, _ in rec.placement}
+            _mark_array_throttle(m)
+            m.next_job_id = store.max_job_id(conn) + 1
+        m.core_dirty = True
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._queue.put(None)
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ operations
+    def submit_op(self, fn: Callable[[Tx], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._queue.put(_Op(fn, future))
+        return future
+
+    def call(self, fn: Callable[[Tx], T], timeout: float = 60.0) -> T:
+        return self.submit_op(fn).result(timeout)
+
+    def _run(self) -> None:
+        settings = self.mirror.settings
+        next_tick = time.monotonic()
+        while not self._stopping:
+            ops: list[_Op] = []
+            try:
+                first = self._queue.get(timeout=max(0.0, next_tick - time.monotonic()))
+                if first is not None:
+                    ops.append(first)
+                while len(ops) < 2000:
+                    more = self._queue.get_nowait()
+                    if more is not None:
+                        ops.append(more)
+            except queue.Empty:
+                pass
+            tick = time.monotonic() >= next_tick
+            if tick:
+                next_tick = time.monotonic() + settings.tick_s
+            self._batch(ops, tick)
+
+    def _batch(self, ops: list[_Op], tick: bool) -> None:
+        tx = Tx(self.engine)
+        results: list[tuple[_Op, Any, BaseException | None]] = []
+        try:
+            with self.lock:
+                for op in ops:
+                    try:
+                        results.append((op, op.fn(tx), None))
+                    except HeadError as e:  # refused before changing anything
+                        results.append((op, None, e))
+                now = time.time()
+                if tick:
+                    lifecycle.tick(self.mirror, tx, now)
+                if tick or tx.kick or self.mirror.core_dirty:
+                    scheduling.cycle(self.mirror, tx, now)
+                    self.cycles += 1
+                tx.commit()
+        except BaseException:
+            # The mirror may now disagree with the database: stop rather than serve wrong
+            # answers. The database holds every committed change; a restart rebuilds.
+            log.exception("control loop failed; the head stops (state is safe in the database)")
+            tx.rollback()
+            for op in ops:
+                if not op.future.done():
+                    op.future.set_exception(HeadError(503, "the head is restarting"))
+            os._exit(70)
+        for op, value, error in results:
+            if error is None:
+                op.future.set_result(value)
+            else:
+                op.future.set_exception(error)
+        if tx.touched_nodes:
+            self.on_commit(tx.touched_nodes)
+
+
+def _core_team(team: Any) -> Team:
+    return Team(
+        name=team.name,
+        quota=team.quota_gpus,
+        cohort=team.cohort,
+        borrowing_limit=team.borrowing_limit,
+        weight=team.weight,
+    )
+
+
+def _mark_array_throttle(m: Mirror) -> None:
+    """Which array tasks may be queued: at most `max_parallel` of one array at a time."""
+    by_array: dict[int, list[int]] = {}
+    for rec in m.jobs.values():
+        if rec.array_job_id is None or rec.spec.array is None:
+            rec.in_core = True
+            continue
+        by_array.setdefault(rec.array_job_id, []).append(rec.id)
+    for ids in by_array.values():
+        limit = m.jobs[ids[0]].spec.array
+        cap = limit.max_parallel if limit and limit.max_parallel else len(ids)
+        active = [i for i in ids if m.jobs[i].placement]
+        free = max(0, cap - len(active))
+        for i in sorted(ids):
+            rec = m.jobs[i]
+            if rec.placement:
+                rec.in_core = True
+            elif free > 0:
+                rec.in_core = True
+                free -= 1
+            else:
+                rec.in_core = False
+                rec.reason, rec.reason_message = (
+                    "JobArrayTaskLimit",
+                    f"array {rec.array_job_id} runs at most {cap} tasks at once",
+                )

@@ -1,0 +1,156 @@
+"""The head's schema (SQLAlchemy Core tables) and engine set-up for SQLite and PostgreSQL.
+
+The schema is owned by Alembic (migrations/); these table objects are what the code queries
+with, and a test checks that they match what the migrations create.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Engine,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+)
+
+metadata = MetaData()
+
+users = Table(
+    "users",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("admin", Boolean, nullable=False, default=False),
+    Column("default_team", String(128), nullable=True),
+    Column("created", Float, nullable=False),
+)
+
+teams = Table(
+    "teams",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("quota_gpus", Integer, nullable=True),
+    Column("cohort", String(128), nullable=True),
+    Column("borrowing_limit", Integer, nullable=True),
+    Column("weight", Float, nullable=True),
+    Column("created", Float, nullable=False),
+)
+
+memberships = Table(
+    "memberships",
+    metadata,
+    Column("user", String(128), ForeignKey("users.name"), primary_key=True),
+    Column("team", String(128), ForeignKey("teams.name"), primary_key=True),
+    Column("team_admin", Boolean, nullable=False, default=False),
+)
+
+tokens = Table(
+    "tokens",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("hash", String(64), nullable=False, unique=True),  # sha256 hex of the token
+    Column("kind", String(8), nullable=False),  # api | join | node
+    Column("user", String(128), nullable=True),
+    Column("node", String(128), nullable=True),
+    Column("description", String(200), nullable=False, default=""),
+    Column("created", Float, nullable=False),
+    Column("last_used", Float, nullable=True),
+    Column("revoked", Boolean, nullable=False, default=False),
+)
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String(128), primary_key=True),
+    Column("address", String(255), nullable=False),
+    Column("agent_url", String(512), nullable=False),
+    Column("agent_secret", String(256), nullable=False),  # lets the head call the agent's API
+    Column("cpus", Integer, nullable=False),
+    Column("memory_mb", Integer, nullable=False),
+    Column("gpus_json", Text, nullable=False),
+    Column("labels_json", Text, nullable=False),
+    Column("state", String(8), nullable=False),  # up | down | drain
+    Column("reason", Text, nullable=True),
+    Column("registered", Float, nullable=False),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("name", String(200), nullable=False),
+    Column("user", String(128), nullable=False),
+    Column("team", String(128), nullable=False),
+    Column("account", String(128), nullable=True),
+    Column("qos", String(128), nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("state", String(2), nullable=False),
+    Column("reason", String(64), nullable=True),
+    Column("reason_message", Text, nullable=True),
+    Column("spec_json", Text, nullable=False),
+    Column("submit_time", Float, nullable=False),
+    Column("start_time", Float, nullable=True),
+    Column("end_time", Float, nullable=True),
+    Column("exit_code", String(32), nullable=True),
+    Column("restart_count", Integer, nullable=False, default=0),
+    Column("epoch", Integer, nullable=False, default=0),
+    Column("array_job_id", Integer, nullable=True),
+    Column("array_task_id", Integer, nullable=True),
+    Column("placement_json", Text, nullable=True),
+    Column("master_port", Integer, nullable=True),
+    Column("step_token", String(128), nullable=True),  # job-scoped, valid while it runs
+    Column("stopping", String(16), nullable=True),  # cancel | timeout | fail | complete | preempt
+    Column("pending_exit", String(32), nullable=True),  # exit code decided while stopping
+)
+Index("ix_jobs_state", jobs.c.state)
+Index("ix_jobs_user", jobs.c.user)
+Index("ix_jobs_end_time", jobs.c.end_time)
+
+events = Table(
+    "events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("time", Float, nullable=False),
+    Column("job_id", Integer, nullable=True),
+    Column("node", String(128), nullable=True),
+    Column("kind", String(32), nullable=False),
+    Column("message", Text, nullable=False),
+)
+Index("ix_events_job", events.c.job_id)
+Index("ix_events_node", events.c.node)
+
+
+def default_url(state_dir: Path) -> str:
+    return f"sqlite:///{state_dir / 'phalanx.db'}"
+
+
+def make_engine(url: str) -> Engine:
+    """An engine with the settings the head relies on (WAL + full fsync on SQLite)."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=FULL")  # a commit is on disk before we answer
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        return engine
+    if url.startswith("postgresql"):
+        return create_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+    raise ValueError(
+        f"unsupported database URL {url!r}: use sqlite:///PATH or postgresql+psycopg://…"
+    )

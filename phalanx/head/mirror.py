@@ -1,0 +1,97 @@
+"""The head's live state in memory (jobs, nodes, teams, the core's ClusterState) and the
+transaction every change to it is written through."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from phalanx.core import ClusterState, Team
+from phalanx.head import store
+from phalanx.head.records import JobRecord, NodeRecord
+
+
+@dataclass(slots=True)
+class Settings:
+    heartbeat_s: float = 2.0
+    lease_s: float = 10.0  # a node with no heartbeat for this long is marked down
+    kill_grace_s: float = 5.0
+    tick_s: float = 0.5
+    public_url: str = ""
+
+
+@dataclass(slots=True)
+class Mirror:
+    """Everything live, owned by the control thread (readers take the lock)."""
+
+    settings: Settings
+    jobs: dict[int, JobRecord] = field(default_factory=dict)  # non-terminal jobs only
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    teams: dict[str, Team] = field(default_factory=dict)
+    node_jobs: dict[str, set[int]] = field(default_factory=dict)  # node → jobs placed there
+    core: ClusterState | None = None
+    core_dirty: bool = True
+    next_job_id: int = 1
+    version: int = 0
+
+    def bump(self, tx: Tx, node: str) -> None:
+        """What `node` must run changed: a new desired-state version wakes its long poll."""
+        self.version += 1
+        rec = self.nodes.get(node)
+        if rec is not None:
+            rec.version = self.version
+        tx.touched_nodes.add(node)
+
+    def addresses(self) -> dict[str, str]:
+        return {n.name: n.address for n in self.nodes.values()}
+
+
+class Tx:
+    """One database transaction of the control thread; events are written in one batch.
+
+    The connection is opened on first use, so a batch of operations that changed nothing
+    durable (most heartbeats) never touches the database.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._conn: Connection | None = None
+        self._events: list[dict[str, Any]] = []
+        self.kick = False  # run a scheduling cycle before committing
+        self.touched_nodes: set[str] = set()
+
+    @property
+    def conn(self) -> Connection:
+        if self._conn is None:
+            self._conn = self._engine.connect()
+            self._conn.begin()
+        return self._conn
+
+    def event(
+        self,
+        now: float,
+        kind: str,
+        message: str,
+        job_id: int | None = None,
+        node: str | None = None,
+    ) -> None:
+        self._events.append(
+            {"time": now, "kind": kind, "message": message, "job_id": job_id, "node": node}
+        )
+
+    def commit(self) -> None:
+        if self._events:
+            store.insert_events(self.conn, self._events)
+            self._events = []
+        if self._conn is not None:
+            self._conn.commit()
+            self._conn.close()
+            self._conn = None
+
+    def rollback(self) -> None:
+        if self._conn is not None:
+            self._conn.rollback()
+            self._conn.close()
+            self._conn = None

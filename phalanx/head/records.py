@@ -1,0 +1,232 @@
+"""The head's in-memory mirror of live jobs and nodes, and their wire views."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from phalanx.api.models import (
+    GpuInfo,
+    JobInfo,
+    JobSpec,
+    NodeInfo,
+    ProcessStatus,
+    RankPlacement,
+)
+
+QOS_PRIORITY: dict[str, int] = {"low": 0, "normal": 100, "high": 1000}
+
+
+@dataclass(slots=True)
+class JobRecord:
+    """One job the head knows: its spec, where it runs and what its ranks reported."""
+
+    id: int
+    name: str
+    user: str
+    team: str
+    account: str | None
+    qos: str
+    priority: int
+    state: str
+    spec: JobSpec
+    submit_time: float
+    reason: str | None = None
+    reason_message: str | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+    exit_code: str | None = None
+    restart_count: int = 0
+    epoch: int = 0
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    placement: list[tuple[str, list[int]]] = field(default_factory=list)
+    master_port: int | None = None
+    step_token: str | None = None
+    stopping: str | None = None  # why it is being torn down: cancel, timeout, fail, complete…
+    pending_exit: str | None = None
+    # Ephemeral (rebuilt from heartbeats): node → rank → latest status; node → version at
+    # which the job left that node's desired state; when all ranks were first seen running.
+    ranks: dict[str, dict[int, ProcessStatus]] = field(default_factory=dict)
+    stop_version: dict[str, int] = field(default_factory=dict)
+    all_running_at: float | None = None
+    in_core: bool = False
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in ("CD", "F", "CA", "TO", "NF")
+
+    def expected_ranks(self, node_rank: int) -> list[int]:
+        """Global ranks the agent of the `node_rank`-th node starts (batch: rank 0 only)."""
+        launcher = self.spec.launcher
+        if launcher == "batch":
+            return [0] if node_rank == 0 else []
+        if launcher == "node":
+            return [node_rank]
+        g = self.spec.gpus_per_node
+        return list(range(node_rank * g, (node_rank + 1) * g))
+
+    def info(self, addresses: dict[str, str]) -> JobInfo:
+        return JobInfo(
+            id=self.id,
+            name=self.name,
+            user=self.user,
+            team=self.team,
+            account=self.account,
+            qos=self.qos,
+            priority=self.priority,
+            state=self.state,  # type: ignore[arg-type]  # always a JobStateCode by construction
+            reason=self.reason,
+            reason_message=self.reason_message,
+            nodes=self.spec.nodes,
+            gpus_per_node=self.spec.gpus_per_node,
+            launcher=self.spec.launcher,
+            time_limit_s=self.spec.time_limit_s,
+            submit_time=self.submit_time,
+            start_time=self.start_time,
+            end_time=self.end_time,
+            exit_code=self.exit_code,
+            restart_count=self.restart_count,
+            epoch=self.epoch,
+            array_job_id=self.array_job_id,
+            array_task_id=self.array_task_id,
+            placement=[
+                RankPlacement(node=n, address=addresses.get(n, ""), gpus=list(g))
+                for n, g in self.placement
+            ],
+            workdir=self.spec.workdir,
+        )
+
+    def row(self) -> dict[str, Any]:
+        """The columns of the `jobs` table for this record."""
+        return {
+            "id": self.id,
+            "name": self.name,
+            "user": self.user,
+            "team": self.team,
+            "account": self.account,
+            "qos": self.qos,
+            "priority": self.priority,
+            "state": self.state,
+            "reason": self.reason,
+            "reason_message": self.reason_message,
+            "spec_json": self.spec.model_dump_json(),
+            "submit_time": self.submit_time,
+            "start_time": self.start_time,
+            "end_time": self.end_time,
+            "exit_code": self.exit_code,
+            "restart_count": self.restart_count,
+            "epoch": self.epoch,
+            "array_job_id": self.array_job_id,
+            "array_task_id": self.array_task_id,
+            "placement_json": json.dumps(self.placement) if self.placement else None,
+            "master_port": self.master_port,
+            "step_token": self.step_token,
+            "stopping": self.stopping,
+            "pending_exit": self.pending_exit,
+        }
+
+    @classmethod
+    def from_row(cls, row: Any) -> JobRecord:
+        placement = json.loads(row.placement_json) if row.placement_json else []
+        return cls(
+            id=row.id,
+            name=row.name,
+            user=row.user,
+            team=row.team,
+            account=row.account,
+            qos=row.qos,
+            priority=row.priority,
+            state=row.state,
+            spec=JobSpec.model_validate_json(row.spec_json),
+            submit_time=row.submit_time,
+            reason=row.reason,
+            reason_message=row.reason_message,
+            start_time=row.start_time,
+            end_time=row.end_time,
+            exit_code=row.exit_code,
+            restart_count=row.restart_count,
+            epoch=row.epoch,
+            array_job_id=row.array_job_id,
+            array_task_id=row.array_task_id,
+            placement=[(str(n), [int(g) for g in gs]) for n, gs in placement],
+            master_port=row.master_port,
+            step_token=row.step_token,
+            stopping=row.stopping,
+            pending_exit=row.pending_exit,
+        )
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    """One registered node; `last_heartbeat` lives only in memory (it changes every 2 s)."""
+
+    name: str
+    address: str
+    agent_url: str
+    agent_secret: str
+    cpus: int
+    memory_mb: int
+    gpus: list[GpuInfo]
+    labels: dict[str, str]
+    state: str  # up | down | drain
+    reason: str | None
+    last_heartbeat: float | None = None
+    version: int = 0  # desired-state version; bumped whenever what it must run changes
+
+    @property
+    def schedulable(self) -> bool:
+        return self.state == "up"
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "address": self.address,
+            "agent_url": self.agent_url,
+            "agent_secret": self.agent_secret,
+            "cpus": self.cpus,
+            "memory_mb": self.memory_mb,
+            "gpus_json": json.dumps([g.model_dump() for g in self.gpus]),
+            "labels_json": json.dumps(self.labels),
+            "state": self.state,
+            "reason": self.reason,
+        }
+
+    @classmethod
+    def from_row(cls, row: Any) -> NodeRecord:
+        return cls(
+            name=row.name,
+            address=row.address,
+            agent_url=row.agent_url,
+            agent_secret=row.agent_secret,
+            cpus=row.cpus,
+            memory_mb=row.memory_mb,
+            gpus=[GpuInfo.model_validate(g) for g in json.loads(row.gpus_json)],
+            labels=dict(json.loads(row.labels_json)),
+            state=row.state,
+            reason=row.reason,
+        )
+
+    def info(self, jobs: list[int], gpus_used: int, now: float | None = None) -> NodeInfo:
+        now = time.time() if now is None else now
+        state = self.state
+        if state == "drain" and jobs:
+            state = "draining"
+        age = None if self.last_heartbeat is None else max(0.0, now - self.last_heartbeat)
+        return NodeInfo(
+            name=self.name,
+            address=self.address,
+            agent_url=self.agent_url,
+            state=state,  # type: ignore[arg-type]  # up/down/drain/draining by construction
+            reason=self.reason,
+            cpus=self.cpus,
+            memory_mb=self.memory_mb,
+            gpus=list(self.gpus),
+            gpus_used=gpus_used,
+            labels=dict(self.labels),
+            last_heartbeat=self.last_heartbeat,
+            heartbeat_age_s=age,
+            jobs=jobs,
+        )

@@ -1,0 +1,184 @@
+"""The bridge to the scheduling core: mirror → ClusterState, and Decisions → mirror + store."""
+
+from __future__ import annotations
+
+import logging
+
+from phalanx.core import (
+    ClusterState,
+    Decisions,
+    Dependency,
+    DependencyKind,
+    JobRequest,
+    JobState,
+    Node,
+    Placement,
+    Reason,
+    ReasonCode,
+    schedule,
+)
+from phalanx.head import auth, lifecycle, store
+from phalanx.head.mirror import Mirror, Tx
+from phalanx.head.records import JobRecord
+
+log = logging.getLogger("phalanx.head")
+
+NO_NODES = Reason(ReasonCode.RESOURCES, "no nodes have joined the cluster yet")
+
+
+def core_request(mirror: Mirror, rec: JobRecord) -> JobRequest:
+    """What the core sees of a job. `--exclusive` asks for whole nodes: every GPU of the
+    largest node shape (the job's ranks still number `gpus_per_node` per node)."""
+    spec = rec.spec
+    gpn = spec.gpus_per_node
+    if spec.exclusive and mirror.nodes:
+        gpn = max(gpn, max(len(n.gpus) for n in mirror.nodes.values()))
+    return JobRequest(
+        id=rec.id,
+        team=rec.team,
+        user=rec.user,
+        priority=rec.priority,
+        nodes=spec.nodes,
+        gpus_per_node=gpn,
+        time_limit_s=spec.time_limit_s,
+        submit_s=rec.submit_time,
+        dependencies=tuple(
+            Dependency(DependencyKind(d.type), j) for d in spec.dependencies for j in d.job_ids
+        ),
+        dependency_any=spec.dependency_any,
+        preemptible=spec.preemptible,
+        gpu_model=spec.gpu_model,
+        exclude_nodes=frozenset(spec.exclude_nodes),
+    )
+
+
+def rebuild(mirror: Mirror, tx: Tx, now: float) -> None:
+    """Build the core's state afresh from the mirror (at start-up and when nodes join)."""
+    mirror.core_dirty = False
+    usable = [n for n in mirror.nodes.values() if n.gpus]
+    if not usable:
+        mirror.core = None
+        return
+    core = ClusterState(
+        [
+            Node(
+                name=n.name,
+                gpus=len(n.gpus),
+                gpu_model=n.gpus[0].model,
+                gpu_memory_gb=n.gpus[0].memory_mb / 1024,
+                rack=n.labels.get("rack", "rack0"),
+                block=n.labels.get("block", "block0"),
+            )
+            for n in usable
+        ],
+        mirror.teams.values(),
+    )
+    for n in usable:
+        if not n.schedulable:
+            core.set_node_up(n.name, False, n.reason or n.state)
+    live = mirror.jobs
+    referenced = {
+        j for rec in live.values() for d in rec.spec.dependencies for j in d.job_ids
+    } - set(live)
+    for job_id, (started, final) in store.outcomes(tx.conn, referenced).items():
+        core.remember(job_id, started, JobState(final))
+    running = [r for r in live.values() if r.placement]
+    for rec in sorted(running, key=lambda r: r.start_time or 0.0):
+        request = core_request(mirror, rec)
+        core.submit(_without_dependencies(request), rec.start_time or now)
+        core.start(rec.id, _placement(core, rec), rec.start_time or now)
+    for rec in sorted(live.values(), key=lambda r: r.id):
+        if not rec.placement and rec.in_core:
+            core.submit(core_request(mirror, rec), rec.submit_time)
+    mirror.core = core
+
+
+def _without_dependencies(request: JobRequest) -> JobRequest:
+    from dataclasses import replace
+
+    return replace(request, dependencies=(), dependency_any=False)
+
+
+def _placement(core: ClusterState, rec: JobRecord) -> Placement:
+    slots = []
+    for node, gpus in rec.placement:
+        mask = 0
+        for g in gpus:
+            mask |= 1 << g
+        slots.append((core.node_index[node], mask))
+    return Placement(tuple(slots))
+
+
+def cycle(mirror: Mirror, tx: Tx, now: float) -> None:
+    """One scheduling cycle: core decides, the head applies, all in the caller's transaction."""
+    if mirror.core_dirty:
+        rebuild(mirror, tx, now)
+    core = mirror.core
+    if core is None:
+        for rec in mirror.jobs.values():
+            if rec.state == "PD" and rec.in_core:
+                rec.reason, rec.reason_message = NO_NODES.code.value, NO_NODES.message
+        return
+    decisions = schedule(core, now)
+    for start in decisions.starts:
+        _start(mirror, tx, core, start.job_id, start.placement, start.borrowed, now)
+    for preemption in decisions.preemptions:
+        for victim in preemption.victims:
+            victim_rec = mirror.jobs.get(victim)
+            if victim_rec is None or victim_rec.stopping is not None:
+                continue
+            core.mark_preempting(victim, preemption.for_job)
+            lifecycle.begin_stop(
+                mirror,
+                tx,
+                victim_rec,
+                "preempt",
+                None,
+                f"preempted for job {preemption.for_job}",
+                now,
+            )
+    _record_reasons(mirror, core, decisions)
+
+
+def _start(
+    mirror: Mirror,
+    tx: Tx,
+    core: ClusterState,
+    job_id: int,
+    placement: Placement,
+    borrowed: int,
+    now: float,
+) -> None:
+    rec = mirror.jobs[job_id]
+    core.start(job_id, placement, now, borrowed)
+    rec.state = "R"
+    rec.epoch += 1
+    rec.start_time = now
+    rec.end_time = None
+    rec.reason = rec.reason_message = None
+    rec.placement = [
+        (core.nodes[n].name, list(placement.gpu_indices(slot)))
+        for slot, (n, _mask) in enumerate(placement.slots)
+    ]
+    rec.master_port = None
+    rec.step_token = auth.new_token("api").replace("phx_", "phxs_", 1)
+    rec.ranks = {}
+    rec.stop_version = {}
+    rec.all_running_at = None
+    store.update_job(tx.conn, rec)
+    where = ", ".join(f"{n}[{','.join(map(str, g))}]" for n, g in rec.placement)
+    tx.event(now, "started", f"allocated {where}; epoch {rec.epoch}", job_id)
+    for node, _ in rec.placement:
+        mirror.node_jobs.setdefault(node, set()).add(job_id)
+        mirror.bump(tx, node)
+
+
+def _record_reasons(mirror: Mirror, core: ClusterState, decisions: Decisions) -> None:
+    for job_id, request in core.pending.items():
+        rec = mirror.jobs.get(job_id)
+        if rec is None:
+            continue
+        reason = decisions.reason_for(request)
+        if job_id in core.held or job_id in core.never:
+            reason = decisions.reasons.get(job_id, reason)
+        rec.reason, rec.reason_message = reason.code.value, reason.message

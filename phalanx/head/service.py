@@ -1,0 +1,413 @@
+"""The head as one object: auth, job and node operations, agent protocol and views."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterable
+
+from phalanx.api import models as m
+from phalanx.head import auth, jobs, lifecycle, store
+from phalanx.head.auth import AuthError, Forbidden, Principal
+from phalanx.head.control import ControlThread, HeadError, _core_team
+from phalanx.head.mirror import Tx
+from phalanx.head.records import JobRecord, NodeRecord
+
+
+class Head:
+    def __init__(self, control: ControlThread) -> None:
+        self.control = control
+        self.mirror = control.mirror
+        self._principals: dict[str, Principal] = {}
+        self._wakers: dict[str, asyncio.Event] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        control.on_commit = self._on_commit
+
+    # ------------------------------------------------------------------ auth
+    def authenticate(self, token: str | None) -> Principal:
+        if not token:
+            raise AuthError("missing token: send `Authorization: Bearer TOKEN`")
+        hashed = auth.token_hash(token)
+        cached = self._principals.get(hashed)
+        if cached is not None:
+            return cached
+        with self.control.engine.connect() as conn:
+            row = store.token_by_hash(conn, hashed)
+            if row is None:
+                raise AuthError("unknown or revoked token")
+            if row.kind == "api":
+                user = store.user_row(conn, row.user)
+                if user is None:
+                    raise AuthError("the token's user no longer exists")
+                member = store.memberships_of(conn, row.user)
+                principal = Principal(
+                    kind="api",
+                    token_id=row.id,
+                    user=row.user,
+                    admin=bool(user.admin),
+                    teams=frozenset(t for t, _ in member),
+                    admin_of=frozenset(t for t, a in member if a),
+                    default_team=user.default_team,
+                )
+            else:
+                principal = Principal(kind=row.kind, token_id=row.id, node=row.node)
+        self._principals[hashed] = principal
+        return principal
+
+    def forget_principals(self) -> None:
+        self._principals.clear()
+
+    @staticmethod
+    def require_user(who: Principal) -> Principal:
+        if who.kind != "api":
+            raise Forbidden("this endpoint needs a user's API token")
+        return who
+
+    @staticmethod
+    def require_admin(who: Principal) -> Principal:
+        if who.kind != "api" or not who.admin:
+            raise Forbidden("this needs an admin token")
+        return who
+
+    # ------------------------------------------------------------------ jobs
+    def submit(self, who: Principal, spec: m.JobSpec) -> m.SubmitResponse:
+        return self.control.call(lambda tx: jobs.submit(self.mirror, tx, who, spec))
+
+    def cancel(self, who: Principal, job_id: int) -> m.JobInfo:
+        rec = self.control.call(lambda tx: jobs.cancel(self.mirror, tx, who, job_id))
+        with self.control.lock:
+            return rec.info(self.mirror.addresses())
+
+    def list_jobs(
+        self,
+        who: Principal,
+        active: bool,
+        ended: bool,
+        user: str | None,
+        team: str | None,
+        states: set[str] | None,
+        since: float | None,
+        limit: int,
+    ) -> m.JobList:
+        out: list[m.JobInfo] = []
+        if active or not ended:
+            with self.control.lock:
+                addresses = self.mirror.addresses()
+                for rec in self.mirror.jobs.values():
+                    if _visible(who, rec) and _matches(rec, user, team, states):
+                        out.append(rec.info(addresses))
+                        if len(out) >= limit:
+                            break
+        if ended:
+            teams = None if who.admin else who.teams | who.admin_of
+            scope = None if who.admin else who.user
+            with self.control.engine.connect() as conn:
+                for rec in store.ended_jobs(conn, since, scope, teams, limit):
+                    if _visible(who, rec) and _matches(rec, user, team, states):
+                        out.append(rec.info(self.mirror.addresses()))
+        return m.JobList(jobs=out[:limit])
+
+    def job_record(self, who: Principal, job_id: int) -> JobRecord:
+        with self.control.lock:
+            rec = self.mirror.jobs.get(job_id)
+        if rec is None:
+            with self.control.engine.connect() as conn:
+                rec = store.job(conn, job_id)
+        if rec is None:
+            raise HeadError(404, f"no job {job_id}")
+        if not _visible(who, rec):
+            raise HeadError(403, f"job {job_id} belongs to {rec.user} (team {rec.team})")
+        return rec
+
+    def job_detail(self, who: Principal, job_id: int) -> m.JobDetail:
+        rec = self.job_record(who, job_id)
+        with self.control.engine.connect() as conn:
+            events = store.job_events(conn, job_id)
+        with self.control.lock:
+            info = rec.info(self.mirror.addresses())
+        return m.JobDetail(job=info, spec=rec.spec, events=events)
+
+    def log_source(self, rec: JobRecord, rank: int) -> NodeRecord:
+        """The node that holds rank `rank`'s logs."""
+        n = len(rec.placement)
+        if not n:
+            raise HeadError(409, f"job {rec.id} has not started, so it has no logs yet")
+        if rec.spec.launcher == "batch":
+            node_rank = 0 if rank == 0 else -1
+        elif rec.spec.launcher == "node":
+            node_rank = rank
+        else:
+            node_rank = rank // rec.spec.gpus_per_node
+        if not 0 <= node_rank < n:
+            raise HeadError(404, f"job {rec.id} has no rank {rank}")
+        node = self.mirror.nodes.get(rec.placement[node_rank][0])
+        if node is None:
+            raise HeadError(404, f"the node of rank {rank} is gone")
+        return node
+
+    # ------------------------------------------------------------------ nodes
+    def nodes(self) -> m.NodeList:
+        now = time.time()
+        with self.control.lock:
+            out = []
+            for node in sorted(self.mirror.nodes.values(), key=lambda n: n.name):
+                ids = sorted(self.mirror.node_jobs.get(node.name, set()))
+                used = sum(
+                    len(g)
+                    for i in ids
+                    if (rec := self.mirror.jobs.get(i)) is not None
+                    for name, g in rec.placement
+                    if name == node.name
+                )
+                out.append(node.info(ids, used, now))
+        return m.NodeList(nodes=out)
+
+    def set_drain(self, name: str, reason: str | None) -> m.NodeInfo:
+        def op(tx: Tx) -> None:
+            node = self.mirror.nodes.get(name)
+            if node is None:
+                raise HeadError(404, f"no node {name!r}")
+            now = time.time()
+            core = self.mirror.core
+            if reason is not None:
+                node.state, node.reason = "drain", reason
+                tx.event(now, "drain", reason, node=name)
+                if core is not None and name in core.node_index:
+                    core.set_node_up(name, False, reason)
+            else:
+                node.state, node.reason = "up", None
+                tx.event(now, "resume", "back in service", node=name)
+                if core is not None and name in core.node_index:
+                    core.set_node_up(name, True)
+                tx.kick = True
+            store.set_node_state(tx.conn, node)
+
+        self.control.call(op)
+        return next(n for n in self.nodes().nodes if n.name == name)
+
+    # ------------------------------------------------------------------ agents
+    def register(self, who: Principal, req: m.RegisterRequest) -> m.RegisterResponse:
+        if who.kind != "join":
+            raise Forbidden("agents register with a join token")
+        token = auth.new_token("node")
+
+        def op(tx: Tx) -> None:
+            now = time.time()
+            old = self.mirror.nodes.get(req.name)
+            node = NodeRecord(
+                name=req.name,
+                address=req.address,
+                agent_url=req.agent_url,
+                agent_secret=req.agent_secret,
+                cpus=req.cpus,
+                memory_mb=req.memory_mb,
+                gpus=list(req.gpus),
+                labels=dict(req.labels),
+                state=old.state if old is not None and old.state == "drain" else "up",
+                reason=old.reason if old is not None and old.state == "drain" else None,
+                last_heartbeat=now,
+                version=old.version if old is not None else 0,
+            )
+            self.mirror.nodes[req.name] = node
+            store.upsert_node(tx.conn, node, now, new=old is None)
+            store.revoke_node_tokens(tx.conn, req.name)
+            store.add_token(tx.conn, auth.token_hash(token), "node", None, req.name, "", now)
+            gpus = f"{len(req.gpus)} × {req.gpus[0].model}" if req.gpus else "no GPUs"
+            kind = "node_joined" if old is None else "node_rejoined"
+            tx.event(now, kind, f"{req.address}, {gpus}", node=req.name)
+            self.mirror.core_dirty = True
+
+        self.control.call(op)
+        self.forget_principals()  # the node's old credential was revoked
+        s = self.mirror.settings
+        return m.RegisterResponse(node_token=token, heartbeat_s=s.heartbeat_s, lease_s=s.lease_s)
+
+    async def heartbeat(self, who: Principal, hb: m.Heartbeat) -> m.DesiredState:
+        if who.kind != "node" or who.node != hb.name:
+            raise Forbidden("heartbeats need this node's own credential")
+
+        def op(tx: Tx) -> None:
+            node = self.mirror.nodes.get(hb.name)
+            if node is None:
+                raise HeadError(404, f"node {hb.name!r} is not registered")
+            lifecycle.heartbeat(self.mirror, tx, node, hb, time.time())
+
+        await asyncio.wrap_future(self.control.submit_op(op))
+        node = self.mirror.nodes[hb.name]
+        if hb.wait_s > 0 and node.version == hb.version:
+            event = self._wakers.setdefault(hb.name, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), hb.wait_s)
+        return self.desired(hb.name)
+
+    def _on_commit(self, nodes: set[str]) -> None:
+        loop = self.loop
+        if loop is not None:
+            loop.call_soon_threadsafe(self._wake, set(nodes))
+
+    def _wake(self, nodes: Iterable[str]) -> None:
+        for name in nodes:
+            event = self._wakers.pop(name, None)
+            if event is not None:
+                event.set()
+
+    def desired(self, name: str) -> m.DesiredState:
+        s = self.mirror.settings
+        with self.control.lock:
+            node = self.mirror.nodes[name]
+            assignments = []
+            for job_id in sorted(self.mirror.node_jobs.get(name, set())):
+                rec = self.mirror.jobs.get(job_id)
+                if rec is None or rec.stopping is not None or rec.state != "R":
+                    continue
+                assignments.append(self._assignment(rec, name))
+            return m.DesiredState(
+                version=node.version,
+                jobs=assignments,
+                heartbeat_s=s.heartbeat_s,
+                lease_s=s.lease_s,
+                kill_grace_s=s.kill_grace_s,
+            )
+
+    def _assignment(self, rec: JobRecord, node: str) -> m.Assignment:
+        names = [n for n, _ in rec.placement]
+        nodes = [self.mirror.nodes[n] for n in names]
+        spec = rec.spec
+        env = dict(spec.env)
+        if self.mirror.settings.public_url:
+            env["PHALANX_HEAD"] = self.mirror.settings.public_url
+        assert rec.step_token is not None
+        return m.Assignment(
+            job_id=rec.id,
+            epoch=rec.epoch,
+            name=rec.name,
+            user=rec.user,
+            launcher=spec.launcher,
+            command=spec.command,
+            script=spec.script,
+            workdir=spec.workdir,
+            env=env,
+            gpus=list(rec.placement[names.index(node)][1]),
+            node_rank=names.index(node),
+            nodes=names,
+            addresses=[n.address for n in nodes],
+            agent_urls=[n.agent_url for n in nodes],
+            gpus_per_node=spec.gpus_per_node,
+            ntasks_per_node=spec.ntasks_per_node,
+            cpus_per_task=spec.cpus_per_task,
+            master_addr=nodes[0].address,
+            master_port=rec.master_port,
+            restart_count=rec.restart_count,
+            submit_dir=spec.workdir,
+            output=spec.output,
+            error=spec.error,
+            array_job_id=rec.array_job_id,
+            array_task_id=rec.array_task_id,
+            time_limit_s=spec.time_limit_s,
+            step_token=rec.step_token,
+            account=rec.account,
+            team=rec.team,
+        )
+
+    # ------------------------------------------------------------------ admin
+    def whoami(self, who: Principal) -> m.WhoAmI:
+        assert who.user is not None
+        return m.WhoAmI(
+            user=who.user, role=who.role, teams=sorted(who.teams), admin_of=sorted(who.admin_of)
+        )
+
+    def put_team(self, team: m.TeamSpec) -> m.TeamInfo:
+        def op(tx: Tx) -> None:
+            store.put_team(tx.conn, team, time.time())
+            core_team = _core_team(team)
+            self.mirror.teams[team.name] = core_team
+            if self.mirror.core is not None:
+                self.mirror.core_dirty = True  # quotas and cohorts changed: rebuild
+            tx.kick = True
+
+        self.control.call(op)
+        return next(t for t in self.teams().teams if t.name == team.name)
+
+    def teams(self) -> m.TeamList:
+        with self.control.engine.connect() as conn:
+            members = store.team_members(conn)
+            specs = store.all_teams(conn)
+        with self.control.lock:
+            core = self.mirror.core
+            usage = dict(core.usage) if core is not None else {}
+        return m.TeamList(
+            teams=[
+                m.TeamInfo(
+                    name=t.name,
+                    quota_gpus=t.quota_gpus,
+                    cohort=t.cohort,
+                    borrowing_limit=t.borrowing_limit,
+                    weight=t.weight,
+                    gpus_in_use=usage.get(t.name, 0),
+                    members=members.get(t.name, []),
+                )
+                for t in specs
+            ]
+        )
+
+    def add_user(self, req: m.UserCreate) -> m.UserInfo:
+        def op(tx: Tx) -> None:
+            if store.user_exists(tx.conn, req.name):
+                raise HeadError(409, f"user {req.name!r} already exists")
+            wanted = set(req.teams) | set(req.team_admin_of)
+            if req.default_team:
+                wanted.add(req.default_team)
+            unknown = sorted(wanted - set(self.mirror.teams))
+            if unknown:
+                raise HeadError(422, f"unknown team(s): {', '.join(unknown)}")
+            teams = list(req.teams)
+            if req.default_team and req.default_team not in teams:
+                teams.append(req.default_team)
+            default = req.default_team or (teams[0] if teams else None)
+            store.add_user(
+                tx.conn, req.name, req.admin, teams, req.team_admin_of, default, time.time()
+            )
+
+        self.control.call(op)
+        self.forget_principals()
+        return self.users_by_name()[req.name]
+
+    def users_by_name(self) -> dict[str, m.UserInfo]:
+        with self.control.engine.connect() as conn:
+            return {u.name: u for u in store.users(conn)}
+
+    def issue_token(
+        self, kind: auth.TokenKind, user: str | None, description: str
+    ) -> m.TokenIssued:
+        token = auth.new_token(kind)
+
+        def op(tx: Tx) -> int:
+            if user is not None and not store.user_exists(tx.conn, user):
+                raise HeadError(404, f"no user {user!r}")
+            return store.add_token(
+                tx.conn, auth.token_hash(token), kind, user, None, description, time.time()
+            )
+
+        token_id = self.control.call(op)
+        return m.TokenIssued(id=token_id, token=token, user=user, kind=kind)  # type: ignore[arg-type]  # kind is api or join here
+
+    def revoke(self, token_id: int) -> None:
+        def op(tx: Tx) -> None:
+            if not store.revoke_token(tx.conn, token_id):
+                raise HeadError(404, f"no token {token_id}")
+
+        self.control.call(op)
+        self.forget_principals()
+
+
+def _visible(who: Principal, rec: JobRecord) -> bool:
+    return who.admin or rec.user == who.user or rec.team in who.teams or rec.team in who.admin_of
+
+
+def _matches(rec: JobRecord, user: str | None, team: str | None, states: set[str] | None) -> bool:
+    return (
+        (user is None or rec.user == user)
+        and (team is None or rec.team == team)
+        and (states is None or rec.state in states)
+    )

@@ -1,0 +1,266 @@
+"""Reads and writes of the head's tables, as plain functions over a SQLAlchemy connection."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, delete, func, insert, select, update
+
+from phalanx.api.models import JobEvent, TeamSpec, TokenInfo, UserInfo
+from phalanx.head import db
+from phalanx.head.records import JobRecord, NodeRecord
+
+LIVE_STATES = ("PD", "R", "CG", "PR")
+
+
+# ----------------------------------------------------------------------------- jobs
+def insert_jobs(conn: Connection, records: Sequence[JobRecord]) -> None:
+    conn.execute(insert(db.jobs), [r.row() for r in records])
+
+
+def update_job(conn: Connection, rec: JobRecord) -> None:
+    row = rec.row()
+    del row["id"], row["spec_json"]
+    conn.execute(update(db.jobs).where(db.jobs.c.id == rec.id).values(**row))
+
+
+def live_jobs(conn: Connection) -> list[JobRecord]:
+    rows = conn.execute(
+        select(db.jobs).where(db.jobs.c.state.in_(LIVE_STATES)).order_by(db.jobs.c.id)
+    )
+    return [JobRecord.from_row(r) for r in rows]
+
+
+def job(conn: Connection, job_id: int) -> JobRecord | None:
+    row = conn.execute(select(db.jobs).where(db.jobs.c.id == job_id)).first()
+    return None if row is None else JobRecord.from_row(row)
+
+
+def ended_jobs(
+    conn: Connection,
+    since: float | None,
+    user: str | None,
+    teams: Iterable[str] | None,
+    limit: int,
+) -> list[JobRecord]:
+    query = select(db.jobs).where(db.jobs.c.state.not_in(LIVE_STATES))
+    if since is not None:
+        query = query.where(db.jobs.c.end_time >= since)
+    if user is not None and teams is not None:
+        query = query.where((db.jobs.c.user == user) | db.jobs.c.team.in_(list(teams)))
+    elif user is not None:
+        query = query.where(db.jobs.c.user == user)
+    query = query.order_by(db.jobs.c.id.desc()).limit(limit)
+    return [JobRecord.from_row(r) for r in conn.execute(query)][::-1]
+
+
+def outcomes(conn: Connection, ids: Iterable[int]) -> dict[int, tuple[bool, str]]:
+    """For ended jobs among `ids`: (whether it ever started, its final state code)."""
+    wanted = list(ids)
+    if not wanted:
+        return {}
+    rows = conn.execute(
+        select(db.jobs.c.id, db.jobs.c.state, db.jobs.c.start_time).where(
+            db.jobs.c.id.in_(wanted), db.jobs.c.state.not_in(LIVE_STATES)
+        )
+    )
+    return {r.id: (r.start_time is not None, r.state) for r in rows}
+
+
+def existing_job_ids(conn: Connection, ids: Iterable[int]) -> set[int]:
+    wanted = list(ids)
+    if not wanted:
+        return set()
+    rows = conn.execute(select(db.jobs.c.id).where(db.jobs.c.id.in_(wanted)))
+    return {r.id for r in rows}
+
+
+def max_job_id(conn: Connection) -> int:
+    return int(conn.execute(select(func.max(db.jobs.c.id))).scalar() or 0)
+
+
+def insert_events(conn: Connection, rows: list[dict[str, Any]]) -> None:
+    if rows:
+        conn.execute(insert(db.events), rows)
+
+
+def job_events(conn: Connection, job_id: int) -> list[JobEvent]:
+    rows = conn.execute(
+        select(db.events).where(db.events.c.job_id == job_id).order_by(db.events.c.id)
+    )
+    return [JobEvent(time=r.time, kind=r.kind, message=r.message, node=r.node) for r in rows]
+
+
+# ----------------------------------------------------------------------------- nodes
+def all_nodes(conn: Connection) -> list[NodeRecord]:
+    return [NodeRecord.from_row(r) for r in conn.execute(select(db.nodes))]
+
+
+def upsert_node(conn: Connection, node: NodeRecord, now: float, new: bool) -> None:
+    row = node.row()
+    if new:
+        conn.execute(insert(db.nodes).values(**row, registered=now))
+    else:
+        del row["name"]
+        conn.execute(update(db.nodes).where(db.nodes.c.name == node.name).values(**row))
+
+
+def set_node_state(conn: Connection, node: NodeRecord) -> None:
+    conn.execute(
+        update(db.nodes)
+        .where(db.nodes.c.name == node.name)
+        .values(state=node.state, reason=node.reason)
+    )
+
+
+# ----------------------------------------------------------------------------- teams, users
+def all_teams(conn: Connection) -> list[TeamSpec]:
+    return [
+        TeamSpec(
+            name=r.name,
+            quota_gpus=r.quota_gpus,
+            cohort=r.cohort,
+            borrowing_limit=r.borrowing_limit,
+            weight=r.weight,
+        )
+        for r in conn.execute(select(db.teams).order_by(db.teams.c.name))
+    ]
+
+
+def put_team(conn: Connection, team: TeamSpec, now: float) -> None:
+    values = team.model_dump()
+    exists = conn.execute(select(db.teams.c.name).where(db.teams.c.name == team.name)).first()
+    if exists:
+        del values["name"]
+        conn.execute(update(db.teams).where(db.teams.c.name == team.name).values(**values))
+    else:
+        conn.execute(insert(db.teams).values(**values, created=now))
+
+
+def team_members(conn: Connection) -> dict[str, list[str]]:
+    members: dict[str, list[str]] = {}
+    for r in conn.execute(select(db.memberships).order_by(db.memberships.c.user)):
+        members.setdefault(r.team, []).append(r.user)
+    return members
+
+
+def user_exists(conn: Connection, name: str) -> bool:
+    return conn.execute(select(db.users.c.name).where(db.users.c.name == name)).first() is not None
+
+
+def add_user(
+    conn: Connection,
+    name: str,
+    admin: bool,
+    teams: Sequence[str],
+    admin_of: Sequence[str],
+    default_team: str | None,
+    now: float,
+) -> None:
+    conn.execute(
+        insert(db.users).values(name=name, admin=admin, default_team=default_team, created=now)
+    )
+    for team in dict.fromkeys([*teams, *admin_of]):
+        conn.execute(
+            insert(db.memberships).values(user=name, team=team, team_admin=team in admin_of)
+        )
+
+
+def users(conn: Connection) -> list[UserInfo]:
+    teams: dict[str, list[str]] = {}
+    admin_of: dict[str, list[str]] = {}
+    for r in conn.execute(select(db.memberships)):
+        teams.setdefault(r.user, []).append(r.team)
+        if r.team_admin:
+            admin_of.setdefault(r.user, []).append(r.team)
+    return [
+        UserInfo(
+            name=r.name,
+            admin=bool(r.admin),
+            teams=sorted(teams.get(r.name, [])),
+            team_admin_of=sorted(admin_of.get(r.name, [])),
+            default_team=r.default_team,
+        )
+        for r in conn.execute(select(db.users).order_by(db.users.c.name))
+    ]
+
+
+# ----------------------------------------------------------------------------- tokens
+def add_token(
+    conn: Connection,
+    hashed: str,
+    kind: str,
+    user: str | None,
+    node: str | None,
+    description: str,
+    now: float,
+) -> int:
+    result = conn.execute(
+        insert(db.tokens).values(
+            hash=hashed,
+            kind=kind,
+            user=user,
+            node=node,
+            description=description,
+            created=now,
+            revoked=False,
+        )
+    )
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+def token_by_hash(conn: Connection, hashed: str) -> Any:
+    return conn.execute(
+        select(db.tokens).where(db.tokens.c.hash == hashed, db.tokens.c.revoked.is_(False))
+    ).first()
+
+
+def user_row(conn: Connection, name: str) -> Any:
+    return conn.execute(select(db.users).where(db.users.c.name == name)).first()
+
+
+def memberships_of(conn: Connection, name: str) -> list[tuple[str, bool]]:
+    rows = conn.execute(select(db.memberships).where(db.memberships.c.user == name))
+    return [(r.team, bool(r.team_admin)) for r in rows]
+
+
+def revoke_node_tokens(conn: Connection, node: str) -> None:
+    conn.execute(
+        update(db.tokens)
+        .where(db.tokens.c.kind == "node", db.tokens.c.node == node)
+        .values(revoked=True)
+    )
+
+
+def revoke_token(conn: Connection, token_id: int) -> bool:
+    result = conn.execute(update(db.tokens).where(db.tokens.c.id == token_id).values(revoked=True))
+    return bool(result.rowcount)
+
+
+def tokens(conn: Connection) -> list[TokenInfo]:
+    return [
+        TokenInfo(
+            id=r.id,
+            user=r.user,
+            kind=r.kind,
+            description=r.description or (f"node {r.node}" if r.node else ""),
+            created=r.created,
+            last_used=r.last_used,
+            revoked=bool(r.revoked),
+        )
+        for r in conn.execute(select(db.tokens).order_by(db.tokens.c.id))
+    ]
+
+
+def delete_all(conn: Connection) -> None:
+    """Empty every table (tests reuse one PostgreSQL database)."""
+    for table in reversed(db.metadata.sorted_tables):
+        conn.execute(delete(table))
+
+
+def dumps(value: object) -> str:
+    return json.dumps(value, separators=(",", ":"))
