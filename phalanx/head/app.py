@@ -29,6 +29,7 @@ def _err(description: str) -> dict[str, Any]:
 
 
 COMMON: dict[int | str, dict[str, Any]] = {
+    400: _err("the body is not valid JSON"),
     401: _err("missing, unknown or revoked token"),
     403: _err("the token may not do this"),
     413: _err("request body too large"),

@@ -1,0 +1,213 @@
+"""Reading `#SBATCH` directives from a batch script, as sbatch does."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from phalanx.jobspec.errors import JobSpecError
+from phalanx.jobspec.options import SubmitOptions
+
+
+@dataclass(frozen=True)
+class _Option:
+    long: str
+    short: str | None
+    field: str | None  # SubmitOptions field; None: a Slurm option Phalanx does not support
+    takes_value: bool
+    flag_value: bool | None = None  # what a flag sets its field to
+
+
+def _value(long: str, field: str, short: str | None = None) -> _Option:
+    return _Option(long, short, field, True)
+
+
+def _flag(long: str, field: str, value: bool, short: str | None = None) -> _Option:
+    return _Option(long, short, field, False, value)
+
+
+_SUPPORTED = [
+    _value("job-name", "job_name", "J"),
+    _value("nodes", "nodes", "N"),
+    _value("ntasks", "ntasks", "n"),
+    _value("ntasks-per-node", "ntasks_per_node"),
+    _value("gres", "gres"),
+    _value("gpus", "gpus", "G"),
+    _value("gpus-per-node", "gpus_per_node"),
+    _value("gpus-per-task", "gpus_per_task"),
+    _value("cpus-per-task", "cpus_per_task", "c"),
+    _value("mem", "mem"),
+    _value("time", "time", "t"),
+    _value("partition", "partition", "p"),
+    _value("qos", "qos", "q"),
+    _value("account", "account", "A"),
+    _value("output", "output", "o"),
+    _value("error", "error", "e"),
+    _value("dependency", "dependency", "d"),
+    _value("array", "array", "a"),
+    _flag("requeue", "requeue", True),
+    _flag("no-requeue", "requeue", False),
+    _value("signal", "signal"),
+    _flag("exclusive", "exclusive", True),
+    _flag("oversubscribe", "exclusive", False, "s"),
+    _value("chdir", "workdir", "D"),
+    _value("workdir", "workdir"),  # the name of --chdir before Slurm 17.11
+    _value("export", "export"),
+    _value("constraint", "constraint", "C"),
+    _value("exclude", "exclude", "x"),
+    _value("launcher", "launcher"),  # Phalanx's own
+    _value("max-restarts", "max_restarts"),  # Phalanx's own
+]
+# Slurm options Phalanx does not honour: named here so that their value is skipped
+# correctly and the warning says "not supported" rather than "unknown".
+_UNSUPPORTED_WITH_VALUE = {
+    "acctg-freq": None, "batch": None, "bb": None, "bbf": None, "begin": "b",
+    "cluster-constraint": None, "clusters": "M", "comment": None, "container": None,
+    "container-id": None, "core-spec": "S", "cores-per-socket": None, "cpu-bind": None,
+    "cpu-freq": None, "cpus-per-gpu": None, "deadline": None, "delay-boot": None,
+    "distribution": "m", "export-file": None, "extra-node-info": "B", "gid": None,
+    "gpu-bind": None, "gpu-freq": None, "gres-flags": None, "hint": None, "input": "i",
+    "kill-on-invalid-dep": None, "licenses": "L", "mail-type": None, "mail-user": None,
+    "mcs-label": None, "mem-bind": None, "mem-per-cpu": None, "mem-per-gpu": None,
+    "mincpus": None, "network": None, "nodefile": "F", "nodelist": "w",
+    "ntasks-per-core": None, "ntasks-per-gpu": None, "ntasks-per-socket": None,
+    "open-mode": None, "power": None, "prefer": None, "priority": None, "profile": None,
+    "reservation": None, "segment": None, "sockets-per-node": None, "switches": None,
+    "thread-spec": None, "threads-per-core": None, "time-min": None, "tmp": None,
+    "tres-bind": None, "tres-per-task": None, "uid": None, "wait-all-nodes": None,
+    "wckey": None, "wrap": None,
+}  # fmt: skip
+# Options whose argument is optional take it only as `--opt=value`, so they read as flags.
+_UNSUPPORTED_FLAGS = {
+    "contiguous": None, "get-user-env": None, "hold": "H", "ignore-pbs": None,
+    "immediate": "I", "nice": None, "no-kill": "k", "overcommit": "O", "parsable": None,
+    "propagate": None, "quiet": "Q", "reboot": None, "spread-job": None, "test-only": None,
+    "use-min-nodes": None, "verbose": "v", "wait": "W",
+}  # fmt: skip
+
+_OPTIONS = [
+    *_SUPPORTED,
+    *(_Option(name, short, None, True) for name, short in _UNSUPPORTED_WITH_VALUE.items()),
+    *(_Option(name, short, None, False) for name, short in _UNSUPPORTED_FLAGS.items()),
+]
+_BY_LONG = {opt.long: opt for opt in _OPTIONS}
+_BY_SHORT = {opt.short: opt for opt in _OPTIONS if opt.short}
+_DIRECTIVE = "#SBATCH"
+
+
+def parse_sbatch(text: str) -> tuple[SubmitOptions, list[str]]:
+    """Read the `#SBATCH` directives of a batch script into SubmitOptions.
+
+    As sbatch, directives are read from the top until the first line that is neither blank
+    nor a comment; later `#SBATCH` lines are ignored (with a warning). Both `--opt=value`
+    and `--opt value`, short forms (`-J name`, `-Jname`, `-N 2`), several options per line
+    and trailing `# comments` are understood; a later directive overrides an earlier one.
+    Returns the options and one warning per directive that was not used, naming its line.
+    Raises JobSpecError for a directive that cannot be read (a missing value, bad quotes).
+    """
+    opts = SubmitOptions()
+    warnings: list[str] = []
+    lines = text.splitlines()
+    body_start = len(lines)
+    for index, line in enumerate(lines):
+        number = index + 1
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if not stripped.startswith("#"):
+            body_start = index
+            break
+        if _is_directive(stripped) and not _is_directive(line):
+            warnings.append(f"line {number}: an indented {_DIRECTIVE} is only a comment; ignored")
+        elif _is_directive(line):
+            _parse_line(line[len(_DIRECTIVE) :], number, opts, warnings)
+    for index in range(body_start, len(lines)):
+        if _is_directive(lines[index]):
+            warnings.append(
+                f"line {index + 1}: {_DIRECTIVE} after the first command is ignored "
+                "(as sbatch does); move it to the top of the script"
+            )
+    return opts, warnings
+
+
+def _is_directive(line: str) -> bool:
+    rest = line[len(_DIRECTIVE) :]
+    return line.startswith(_DIRECTIVE) and (not rest or rest[0].isspace())
+
+
+def _parse_line(rest: str, number: int, opts: SubmitOptions, warnings: list[str]) -> None:
+    try:
+        tokens = shlex.split(_strip_comment(rest))
+    except ValueError as exc:
+        raise JobSpecError(f"line {number}: cannot read {_DIRECTIVE} line: {exc}") from exc
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        value: str | None
+        if token.startswith("--") and len(token) > 2:
+            name, eq, inline = token[2:].partition("=")
+            value = inline if eq else None
+            opt = _lookup_long(name)
+            if opt is None:
+                label = f"--{name}"
+                if value is None and i < len(tokens) and not tokens[i].startswith("-"):
+                    label, i = f"{label} {tokens[i]}", i + 1
+                warnings.append(f"line {number}: unknown option {label}; ignored")
+                continue
+            shown = f"--{opt.long}"
+        elif token.startswith("-") and len(token) > 1 and token[1] != "-":
+            opt = _BY_SHORT.get(token[1])
+            value = token[2:] or None
+            if opt is None or (value is not None and not opt.takes_value):
+                warnings.append(f"line {number}: unknown option {token}; ignored")
+                continue
+            shown = f"-{opt.short}/--{opt.long}"
+        else:
+            warnings.append(f"line {number}: unexpected argument {token!r}; ignored")
+            continue
+        if opt.takes_value and value is None:
+            if i >= len(tokens):
+                raise JobSpecError(f"line {number}: {shown} needs a value")
+            value, i = tokens[i], i + 1
+        if opt.field is None:
+            warnings.append(f"line {number}: {shown} is not supported by Phalanx; ignored")
+        elif not opt.takes_value and value is not None:
+            warnings.append(
+                f"line {number}: {shown}={value} is not supported (only a plain {shown}); ignored"
+            )
+        else:
+            setattr(opts, opt.field, value if opt.takes_value else opt.flag_value)
+
+
+def _strip_comment(rest: str) -> str:
+    """Cut a trailing `# comment` as the shell would: a `#` starting a word, outside quotes.
+
+    (shlex's own comment handling also cuts `--job-name=a#b` in the middle of a word.)
+    """
+    quote = ""
+    escaped = False
+    word_start = True  # after an unquoted, unescaped blank (or at the start)
+    for index, char in enumerate(rest):
+        at_start, word_start = word_start, False
+        if escaped:
+            escaped = False
+        elif char == "\\" and quote != "'":
+            escaped = True
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and at_start:
+            return rest[:index]
+        elif char.isspace():
+            word_start = True
+    return rest
+
+
+def _lookup_long(name: str) -> _Option | None:
+    """An exact long name, or an unambiguous prefix of one (getopt_long allows both)."""
+    if name in _BY_LONG:
+        return _BY_LONG[name]
+    matches = [opt for long, opt in _BY_LONG.items() if long.startswith(name)]
+    return matches[0] if len(matches) == 1 else None

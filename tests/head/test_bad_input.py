@@ -1,0 +1,101 @@
+"""Bad input gets a clear 4xx with a message, and nothing is stored."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.head.conftest import HeadProc
+
+GOOD = {"command": ["true"], "workdir": "/tmp"}
+
+CASES = [
+    ("zero GPUs", {**GOOD, "gpus_per_node": 0}, 422, "gpus_per_node"),
+    ("negative GPUs", {**GOOD, "gpus_per_node": -2}, 422, "gpus_per_node"),
+    ("too many GPUs per node", {**GOOD, "gpus_per_node": 63}, 422, "gpus_per_node"),
+    ("zero nodes", {**GOOD, "nodes": 0}, 422, "nodes"),
+    ("unknown field", {**GOOD, "gpus": 4}, 422, "gpus"),
+    ("string for int", {**GOOD, "nodes": "2"}, 422, "nodes"),
+    ("unknown team", {**GOOD, "team": "nope"}, 422, "unknown team"),
+    ("unknown qos", {**GOOD, "qos": "platinum"}, 422, "qos"),
+    ("relative workdir", {**GOOD, "workdir": "rel/dir"}, 422, "absolute"),
+    ("no command", {"workdir": "/tmp"}, 422, "command"),
+    ("both command and script", {**GOOD, "script": "#!/bin/sh\n"}, 422, "exactly one"),
+    (
+        "dependency on a missing job",
+        {**GOOD, "dependencies": [{"type": "afterok", "job_ids": [424242]}]},
+        422,
+        "424242",
+    ),
+    ("bad dependency type", {**GOOD, "dependencies": [{"type": "aftr", "job_ids": [1]}]}, 422, ""),
+    ("zero time limit", {**GOOD, "time_limit_s": 0}, 422, "time_limit_s"),
+    ("array too large", {**GOOD, "array": {"indices": list(range(10_001))}}, 422, "array"),
+]
+
+
+@pytest.mark.parametrize(("what", "body", "status", "needle"), CASES, ids=[c[0] for c in CASES])
+def test_bad_submit_is_refused_and_not_stored(
+    head: HeadProc, what: str, body: dict[str, object], status: int, needle: str
+) -> None:
+    c = head.client()
+    before = _all_jobs(c)
+    r = c.post("/v1/jobs", json=body)
+    assert r.status_code == status, (what, r.status_code, r.text)
+    detail = r.json()["detail"]
+    assert isinstance(detail, str) and detail
+    assert needle in detail, detail
+    assert _all_jobs(c) == before
+
+
+def _all_jobs(c: httpx.Client) -> list[object]:
+    jobs: list[object] = c.get("/v1/jobs?active=true&ended=true").json()["jobs"]
+    return jobs
+
+
+def test_malformed_json_and_huge_body(head: HeadProc) -> None:
+    c = head.client()
+    before = _all_jobs(c)
+    r = c.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["detail"]
+    big = b'{"command": ["' + b"x" * (10 * 1024 * 1024) + b'"], "workdir": "/tmp"}'
+    r = c.post("/v1/jobs", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413, r.status_code
+    assert "too large" in r.json()["detail"] or "larger" in r.json()["detail"]
+
+    def chunks() -> object:
+        for _ in range(11):
+            yield b"x" * (1024 * 1024)
+
+    r = httpx.post(
+        head.url + "/v1/jobs",
+        content=chunks(),  # type: ignore[arg-type]  # a generator streams without a length
+        headers={"Authorization": f"Bearer {head.admin_token}"},
+        timeout=30,
+    )
+    assert r.status_code == 413
+    assert _all_jobs(c) == before
+
+
+def test_too_many_gpus_for_this_cluster_once_nodes_joined(head: HeadProc) -> None:
+    # Runs last in this module: the node it registers stays.
+    join = head.client(head.join_token)
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "model": "H100", "memory_mb": 81559} for i in range(4)]
+    reg = {
+        "name": "127.0.0.2",
+        "address": "127.0.0.2",
+        "agent_url": "http://127.0.0.2:1",
+        "agent_secret": "s" * 32,
+        "cpus": 4,
+        "memory_mb": 4096,
+        "gpus": gpus,
+    }
+    assert join.post("/v1/agent/register", json=reg).status_code == 200
+    c = head.client()
+    before = _all_jobs(c)
+    r = c.post("/v1/jobs", json={**GOOD, "gpus_per_node": 8})
+    assert r.status_code == 422 and "largest node has 4" in r.json()["detail"]
+    r = c.post("/v1/jobs", json={**GOOD, "nodes": 2, "gpus_per_node": 4})
+    assert r.status_code == 422 and "1 such node" in r.json()["detail"]
+    r = c.post("/v1/jobs", json={**GOOD, "gpu_model": "A100"})
+    assert r.status_code == 422 and "H100" in r.json()["detail"]
+    assert _all_jobs(c) == before
