@@ -79,7 +79,9 @@ def test_users_cannot_touch_other_teams_jobs(head: HeadProc) -> None:
     # Users are not admins.
     assert alice.post("/v1/users", json={"name": "mallory"}).status_code == 403
     assert alice.post("/v1/nodes/x/drain", json={"reason": "x"}).status_code == 403
-    assert alice.put("/v1/teams/vision", json={"name": "vision", "quota_gpus": 99}).status_code == 403
+    assert (
+        alice.put("/v1/teams/vision", json={"name": "vision", "quota_gpus": 99}).status_code == 403
+    )
     assert alice.post("/v1/tokens", json={"user": "bob"}).status_code == 403
     assert alice.post("/v1/join-tokens").status_code == 403
     # An agent's join token is not a user token.
