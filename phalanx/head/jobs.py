@@ -36,6 +36,8 @@ def submit(mirror: Mirror, tx: Tx, who: Principal, spec: JobSpec) -> SubmitRespo
         raise HeadError(422, "`command` is empty")
     _check_capacity(mirror, spec)
     deps = sorted({j for d in spec.dependencies for j in d.job_ids})
+    if deps:
+        tx.flush()  # a dependency may name a job submitted earlier in this batch
     missing = set(deps) - set(mirror.jobs) - store.existing_job_ids(tx.conn, deps)
     if missing:
         raise HeadError(
@@ -68,7 +70,7 @@ def submit(mirror: Mirror, tx: Tx, who: Principal, spec: JobSpec) -> SubmitRespo
             rec.reason = "JobArrayTaskLimit"
             rec.reason_message = f"array {first} runs at most {cap} tasks at once"
         records.append(rec)
-    store.insert_jobs(tx.conn, records)
+    tx.insert_jobs(records)
     for rec in records:
         mirror.jobs[rec.id] = rec
         tx.event(now, "submitted", f"submitted by {who.user} to team {team}", rec.id)
@@ -118,6 +120,7 @@ def _check_capacity(mirror: Mirror, spec: JobSpec) -> None:
 def cancel(mirror: Mirror, tx: Tx, who: Principal, job_id: int) -> JobRecord:
     rec = mirror.jobs.get(job_id)
     if rec is None:
+        tx.flush()
         ended = store.job(tx.conn, job_id)
         if ended is None or not who.may_see_job(ended.user, ended.team):
             raise HeadError(404, f"no job {job_id}")

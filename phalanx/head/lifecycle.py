@@ -41,7 +41,7 @@ def begin_stop(
     for node, _ in rec.placement:
         mirror.bump(tx, node)
         rec.stop_version[node] = mirror.nodes[node].version if node in mirror.nodes else 0
-    store.update_job(tx.conn, rec)
+    tx.update_job(rec)
     tx.event(now, "stopping", message, rec.id)
     settle(mirror, tx, rec, now)
 
@@ -74,7 +74,7 @@ def finalize(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
         rec.reason, rec.reason_message = "Preempted", "preempted; requeued to run again"
         tx.event(now, "requeued", "preempted; back in the queue", rec.id)
         _reset_allocation(rec)
-        store.update_job(tx.conn, rec)
+        tx.update_job(rec)
         tx.kick = True
         return
     final = FINAL_STATE[why]
@@ -87,7 +87,7 @@ def finalize(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
         rec.reason = why
     tx.event(now, "ended", f"{final} exit {rec.exit_code}", rec.id)
     _reset_allocation(rec, keep_placement=True)
-    store.update_job(tx.conn, rec)
+    tx.update_job(rec)
     del mirror.jobs[rec.id]
     _release_array_task(mirror, tx, rec, now)
     tx.kick = True
@@ -155,7 +155,7 @@ def heartbeat(mirror: Mirror, tx: Tx, node: NodeRecord, hb: Heartbeat, now: floa
             and rec.stopping is None
         ):
             rec.master_port = port
-            store.update_job(tx.conn, rec)
+            tx.update_job(rec)
             for other, _ in rec.placement[1:]:
                 mirror.bump(tx, other)
     reports: dict[int, list[ProcessStatus]] = {}
@@ -192,12 +192,12 @@ def _evaluate(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
         begin_stop(mirror, tx, rec, "fail", f"{code}:{sig}", f"{what} {how}", now)
         return
     expected = [r for i in range(len(rec.placement)) for r in rec.expected_ranks(i)]
+    if rec.all_running_at is None and all(r in statuses for r in expected):
+        # Every rank was started (a fast one may already have exited): the job is running.
+        rec.all_running_at = now
+        tx.event(now, "running", f"all {len(expected)} processes started", rec.id)
     if all(r in statuses and not statuses[r].running for r in expected):
         begin_stop(mirror, tx, rec, "complete", "0:0", "all ranks exited with code 0", now)
-        return
-    if rec.all_running_at is None and all(r in statuses for r in expected):
-        rec.all_running_at = now
-        tx.event(now, "running", f"all {len(expected)} processes running", rec.id)
 
 
 # ----------------------------------------------------------------------------- the clock

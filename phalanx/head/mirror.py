@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from phalanx.core import ClusterState, Team
+from phalanx.core import ClusterState, Decisions, Team
 from phalanx.head import store
 from phalanx.head.records import JobRecord, NodeRecord
 
@@ -32,6 +32,7 @@ class Mirror:
     teams: dict[str, Team] = field(default_factory=dict)
     node_jobs: dict[str, set[int]] = field(default_factory=dict)  # node → jobs placed there
     core: ClusterState | None = None
+    decisions: Decisions | None = None  # the last cycle's, for pending reasons
     core_dirty: bool = True
     next_job_id: int = 1
     version: int = 0
@@ -59,6 +60,7 @@ class Tx:
         self._engine = engine
         self._conn: Connection | None = None
         self._events: list[dict[str, Any]] = []
+        self._new_jobs: list[JobRecord] = []
         self.kick = False  # run a scheduling cycle before committing
         self.touched_nodes: set[str] = set()
 
@@ -81,7 +83,23 @@ class Tx:
             {"time": now, "kind": kind, "message": message, "job_id": job_id, "node": node}
         )
 
+    def insert_jobs(self, records: list[JobRecord]) -> None:
+        """New jobs, inserted together at commit (one statement for a whole batch)."""
+        self._new_jobs.extend(records)
+        self.conn  # noqa: B018  # open the transaction now so the batch is one commit
+
+    def flush(self) -> None:
+        """Write buffered new jobs now (before statements that update them)."""
+        if self._new_jobs:
+            store.insert_jobs(self.conn, self._new_jobs)
+            self._new_jobs = []
+
+    def update_job(self, rec: JobRecord) -> None:
+        self.flush()
+        store.update_job(self.conn, rec)
+
     def commit(self) -> None:
+        self.flush()
         if self._events:
             store.insert_events(self.conn, self._events)
             self._events = []

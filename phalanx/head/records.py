@@ -68,7 +68,11 @@ class JobRecord:
         g = self.spec.gpus_per_node
         return list(range(node_rank * g, (node_rank + 1) * g))
 
-    def info(self, addresses: dict[str, str]) -> JobInfo:
+    def info(
+        self, addresses: dict[str, str], reason: tuple[str | None, str | None] | None = None
+    ) -> JobInfo:
+        """The wire view; `reason` overrides the stored one (pending jobs' live reason)."""
+        code, message = reason if reason is not None else (self.reason, self.reason_message)
         return JobInfo(
             id=self.id,
             name=self.name,
@@ -78,8 +82,8 @@ class JobRecord:
             qos=self.qos,
             priority=self.priority,
             state=self.state,  # type: ignore[arg-type]  # always a JobStateCode by construction
-            reason=self.reason,
-            reason_message=self.reason_message,
+            reason=code,
+            reason_message=message,
             nodes=self.spec.nodes,
             gpus_per_node=self.spec.gpus_per_node,
             launcher=self.spec.launcher,

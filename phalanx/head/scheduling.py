@@ -6,7 +6,6 @@ import logging
 
 from phalanx.core import (
     ClusterState,
-    Decisions,
     Dependency,
     DependencyKind,
     JobRequest,
@@ -115,9 +114,6 @@ def cycle(mirror: Mirror, tx: Tx, now: float) -> None:
         rebuild(mirror, tx, now)
     core = mirror.core
     if core is None:
-        for rec in mirror.jobs.values():
-            if rec.state == "PD" and rec.in_core:
-                rec.reason, rec.reason_message = NO_NODES.code.value, NO_NODES.message
         return
     decisions = schedule(core, now)
     for start in decisions.starts:
@@ -137,7 +133,7 @@ def cycle(mirror: Mirror, tx: Tx, now: float) -> None:
                 f"preempted for job {preemption.for_job}",
                 now,
             )
-    _record_reasons(mirror, core, decisions)
+    mirror.decisions = decisions
 
 
 def _start(
@@ -165,7 +161,7 @@ def _start(
     rec.ranks = {}
     rec.stop_version = {}
     rec.all_running_at = None
-    store.update_job(tx.conn, rec)
+    tx.update_job(rec)
     where = ", ".join(f"{n}[{','.join(map(str, g))}]" for n, g in rec.placement)
     tx.event(now, "started", f"allocated {where}; epoch {rec.epoch}", job_id)
     for node, _ in rec.placement:
@@ -173,12 +169,16 @@ def _start(
         mirror.bump(tx, node)
 
 
-def _record_reasons(mirror: Mirror, core: ClusterState, decisions: Decisions) -> None:
-    for job_id, request in core.pending.items():
-        rec = mirror.jobs.get(job_id)
-        if rec is None:
-            continue
-        reason = decisions.reason_for(request)
-        if job_id in core.held or job_id in core.never:
-            reason = decisions.reasons.get(job_id, reason)
-        rec.reason, rec.reason_message = reason.code.value, reason.message
+def pending_reason(mirror: Mirror, rec: JobRecord) -> tuple[str | None, str | None]:
+    """Why a queued job waits, from the last cycle's decisions (computed when asked, so a
+    cycle costs nothing per pending job it did not look at)."""
+    core, decisions = mirror.core, mirror.decisions
+    if rec.state != "PD" or not rec.in_core:
+        return rec.reason, rec.reason_message
+    if core is None:
+        return NO_NODES.code.value, NO_NODES.message
+    request = core.pending.get(rec.id)
+    if request is None or decisions is None:
+        return rec.reason, rec.reason_message
+    reason = decisions.reason_for(request)
+    return reason.code.value, reason.message

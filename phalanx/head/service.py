@@ -13,6 +13,7 @@ from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import ControlThread, HeadError, _core_team
 from phalanx.head.mirror import Tx
 from phalanx.head.records import JobRecord, NodeRecord
+from phalanx.head.scheduling import pending_reason
 
 
 class Head:
@@ -96,7 +97,7 @@ class Head:
                 addresses = self.mirror.addresses()
                 for rec in self.mirror.jobs.values():
                     if _visible(who, rec) and _matches(rec, user, team, states):
-                        out.append(rec.info(addresses))
+                        out.append(rec.info(addresses, pending_reason(self.mirror, rec)))
                         if len(out) >= limit:
                             break
         if ended:
@@ -125,7 +126,7 @@ class Head:
         with self.control.engine.connect() as conn:
             events = store.job_events(conn, job_id)
         with self.control.lock:
-            info = rec.info(self.mirror.addresses())
+            info = rec.info(self.mirror.addresses(), pending_reason(self.mirror, rec))
         return m.JobDetail(job=info, spec=rec.spec, events=events)
 
     def log_source(self, rec: JobRecord, rank: int) -> NodeRecord:

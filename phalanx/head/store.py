@@ -21,6 +21,7 @@ def insert_jobs(conn: Connection, records: Sequence[JobRecord]) -> None:
 
 
 def update_job(conn: Connection, rec: JobRecord) -> None:
+    """Write a job's changed columns (callers flush the Tx's buffered inserts first)."""
     row = rec.row()
     del row["id"], row["spec_json"]
     conn.execute(update(db.jobs).where(db.jobs.c.id == rec.id).values(**row))

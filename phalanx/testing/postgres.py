@@ -121,6 +121,27 @@ class PostgresServer:
         )
         return self
 
+    def reset(self) -> None:
+        """Drop every table, so the next user starts from an empty database."""
+        subprocess.run(
+            [
+                str(self.bindir / "psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                "phalanx",
+                "-q",
+                "-c",
+                "DROP SCHEMA public CASCADE; CREATE SCHEMA public;",
+            ],
+            check=True,
+            capture_output=True,
+        )
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()  # smart shutdown: SIGTERM

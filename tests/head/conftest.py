@@ -93,23 +93,10 @@ def head(
     db_url = None
     if request.param == "postgresql":
         pg: PostgresServer = request.getfixturevalue("postgres")
-        _reset(pg.url)
+        pg.reset()
         db_url = pg.url
     h = start_head(tmp_path / "head", db_url)
     try:
         yield h
     finally:
         stop_head(h.proc)
-
-
-def _reset(url: str) -> None:
-    """Drop every table so each test starts from an empty PostgreSQL database."""
-    from sqlalchemy import text
-
-    from phalanx.head.db import make_engine
-
-    engine = make_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()

@@ -34,9 +34,7 @@ def test_migrations_match_the_tables_on_sqlite(tmp_path: Path) -> None:
 
 
 def test_migrations_match_the_tables_on_postgresql(postgres: PostgresServer) -> None:
-    from tests.head.conftest import _reset
-
-    _reset(postgres.url)
+    postgres.reset()
     engine = db.make_engine(postgres.url)
     upgrade(engine)
     assert _columns(engine) == _expected()
