@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from phalanx.core import (
     ClusterState,
@@ -152,10 +153,15 @@ def _start(
     rec.start_time = now
     rec.end_time = None
     rec.reason = rec.reason_message = None
-    rec.placement = [
-        (core.nodes[n].name, list(placement.gpu_indices(slot)))
-        for slot, (n, _mask) in enumerate(placement.slots)
-    ]
+    # Ranks follow the host-list order of the nodes, as in Slurm: node 0 is the first name
+    # of SLURM_JOB_NODELIST, which compresses (`n[1-4]`), whatever order the core chose.
+    rec.placement = sorted(
+        (
+            (core.nodes[n].name, list(placement.gpu_indices(slot)))
+            for slot, (n, _mask) in enumerate(placement.slots)
+        ),
+        key=lambda node_gpus: _host_order(node_gpus[0]),
+    )
     rec.master_port = None
     rec.step_token = auth.new_token("api").replace("phx_", "phxs_", 1)
     rec.ranks = {}
@@ -182,3 +188,9 @@ def pending_reason(mirror: Mirror, rec: JobRecord) -> tuple[str | None, str | No
         return rec.reason, rec.reason_message
     reason = decisions.reason_for(request)
     return reason.code.value, reason.message
+
+
+def _host_order(name: str) -> list[tuple[int, str]]:
+    """Sort key of a host name whose numbers compare as numbers (`n9` before `n10`)."""
+    parts = re.split(r"(\d+)", name)
+    return [(int(p), "") if i % 2 else (0, p) for i, p in enumerate(parts)]

@@ -75,6 +75,7 @@ def serve(
 ) -> None:
     """Run the head until SIGINT/SIGTERM. Prints `head listening on URL` once it serves."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per log proxy call
     url = f"http://{host}:{port}"
     settings = Settings(heartbeat_s=heartbeat_s, lease_s=lease_s, public_url=url)
     head = build(state_dir, db_url, settings)

@@ -1,0 +1,191 @@
+"""Control-plane throughput and latency: submits/s, submit→running latency, `queue` at 10k jobs.
+
+    python bench/submit.py --db sqlite|postgresql --clients 32 [--jobs 10000] [--starts 40]
+
+Starts a real local cluster (head + 2 agents × 4 fake GPUs, real processes), then:
+- start latency on the idle cluster: `--starts` jobs of 2 nodes × 4 GPUs, one at a time;
+  submit → all 8 ranks running, from the head's own timestamps (submit time and the
+  "running" event, written when every rank has reported itself running);
+- submits/s: `--clients` concurrent HTTP clients submit `--jobs` jobs; each answer comes
+  after the job is committed to the database (durable); then the count is checked;
+- `queue` with those jobs in the system: the API call + parse, and the whole `phalanx queue`
+  command as a process (Python start-up included);
+- baseline, side by side: the same submits against a head with group commit turned off
+  (PHALANX_MAX_BATCH=1: one transaction, one fsync, per submit).
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from phalanx.api.models import JobSpec
+from phalanx.local.cluster import LocalCluster
+from phalanx.testing.postgres import PostgresServer
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def start_latency(cluster: LocalCluster, count: int) -> list[float]:
+    client = cluster.client()
+    out = []
+    for _ in range(count):
+        spec = JobSpec(command=["true"], workdir="/tmp", nodes=2, gpus_per_node=4, name="lat")
+        job_id = client.submit(spec).job_ids[0]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            detail = client.job(job_id)
+            if detail.job.state in ("CD", "F", "CA", "TO"):
+                break
+            time.sleep(0.02)
+        running = [e.time for e in detail.events if e.kind == "running"]
+        if detail.job.state != "CD" or not running:
+            raise SystemExit(f"latency job {job_id} ended {detail.job.state}: {detail.events}")
+        out.append(running[0] - detail.job.submit_time)
+    return out
+
+
+async def _submit_loop(url: str, token: str, counts: list[int]) -> None:
+    body = JobSpec(command=["sleep", "3600"], workdir="/tmp", name="flood").model_dump_json()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+    async def one(n: int) -> None:
+        async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60) as c:
+            for _ in range(n):
+                r = await c.post("/v1/jobs", content=body)
+                if r.status_code != 201:
+                    raise SystemExit(f"submit failed: {r.status_code} {r.text}")
+
+    await asyncio.gather(*(one(n) for n in counts))
+
+
+def _client_process(args: tuple[str, str, list[int]]) -> None:
+    asyncio.run(_submit_loop(*args))
+
+
+def flood(url: str, token: str, jobs: int, clients: int) -> float:
+    """`clients` concurrent connections, spread over a few processes (so the load generator,
+    not the head, is never the single-core bottleneck of one Python process)."""
+    per_client = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
+    procs = min(4, clients)
+    shares = [(url, token, per_client[i::procs]) for i in range(procs)]
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(procs) as pool:
+        pool.map(_client_process, [(url, token, [1]) for _ in range(procs)])  # warm up
+        t0 = time.perf_counter()
+        pool.map(_client_process, shares)
+        return time.perf_counter() - t0
+
+
+def queue_times(cluster: LocalCluster, config_dir: Path) -> tuple[float, float, int]:
+    client = cluster.client()
+    api = []
+    count = 0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        count = len(client.jobs(active=True, limit=100_000).jobs)
+        api.append(time.perf_counter() - t0)
+    env = {
+        **os.environ,
+        "PHALANX_HEAD": cluster.url,
+        "PHALANX_TOKEN": cluster.admin_token,
+        "PHALANX_CONFIG_DIR": str(config_dir),
+        "COLUMNS": "200",
+    }
+    cli = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-m", "phalanx.cli.main", "queue", "--limit", "100000"],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        cli.append(time.perf_counter() - t0)
+    return statistics.median(api), statistics.median(cli), count
+
+
+def run_cluster(root: Path, name: str, db_url: str | None, max_batch: int | None) -> LocalCluster:
+    if max_batch is not None:
+        os.environ["PHALANX_MAX_BATCH"] = str(max_batch)
+    else:
+        os.environ.pop("PHALANX_MAX_BATCH", None)
+    cluster = LocalCluster(root / name, nodes=2, gpus_per_node=4, db_url=db_url)
+    cluster.start()
+    return cluster
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--db", choices=["sqlite", "postgresql"], default="sqlite")
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument("--starts", type=int, default=40)
+    parser.add_argument("--baseline-jobs", type=int, default=2_000)
+    args = parser.parse_args()
+    if args.clients < 1 or args.jobs < args.clients or args.starts < 1:
+        parser.error("need --clients ≥ 1, --jobs ≥ --clients and --starts ≥ 1")
+
+    pg = PostgresServer().start() if args.db == "postgresql" else None
+    root = Path(tempfile.mkdtemp(prefix="phalanx-bench-"))
+    try:
+        result: dict[str, object] = {"db": args.db, "clients": args.clients, "jobs": args.jobs}
+        cluster = run_cluster(root, "grouped", pg.url if pg else None, None)
+        try:
+            lat = start_latency(cluster, args.starts)
+            print(f"start latency measured over {len(lat)} jobs", file=sys.stderr)
+            elapsed = flood(cluster.url, cluster.admin_token, args.jobs, args.clients)
+            api_s, cli_s, count = queue_times(cluster, root / "config")
+            total = len(cluster.client().jobs(active=True, ended=True, limit=100_000).jobs)
+        finally:
+            cluster.stop()
+        expected = args.jobs + args.starts + min(4, args.clients)  # + the warm-up submits
+        if total < expected:
+            raise SystemExit(f"only {total} of {expected} jobs were stored")
+        if pg:
+            pg.reset()
+        base = run_cluster(root, "baseline", pg.url if pg else None, 1)
+        try:
+            base_elapsed = flood(base.url, base.admin_token, args.baseline_jobs, args.clients)
+        finally:
+            base.stop()
+            os.environ.pop("PHALANX_MAX_BATCH", None)
+        rate = args.jobs / elapsed
+        base_rate = args.baseline_jobs / base_elapsed
+        result.update(
+            submits_per_s=round(rate, 1),
+            start_p50_s=round(percentile(lat, 0.5), 4),
+            start_p99_s=round(percentile(lat, 0.99), 4),
+            queue_10k_ms=round(api_s * 1000, 1),
+            queue_10k_cli_process_ms=round(cli_s * 1000, 1),
+            jobs_listed=count,
+            baseline_one_commit_per_submit_per_s=round(base_rate, 1),
+            group_commit_ratio=round(rate / base_rate, 2),
+            target_submits_per_s=2000 if args.db == "sqlite" else 1000,
+            target_start_p50_s=0.5,
+            target_start_p99_s=1.0,
+            target_queue_ms=300,
+        )
+        print(json.dumps(result))
+    finally:
+        if pg:
+            pg.stop()
+
+
+if __name__ == "__main__":
+    main()

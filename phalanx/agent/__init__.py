@@ -1,0 +1,1 @@
+"""The node agent: GPUs, job processes, launch environment, logs, srun steps, heartbeats."""

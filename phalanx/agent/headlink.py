@@ -1,0 +1,213 @@
+"""Talking to the head: register, then heartbeat (long poll) and apply each desired state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from phalanx.api.models import DesiredState, Heartbeat, RegisterRequest, RegisterResponse
+
+from .gpus import GpuProvider
+from .reconcile import Reconciler
+
+log = logging.getLogger(__name__)
+
+_BACKOFF_MIN_S, _BACKOFF_MAX_S = 0.5, 10.0
+_MAX_WAIT_S = 30.0  # Heartbeat.wait_s upper bound
+
+
+class JoinRefused(RuntimeError):
+    """The head refused this agent (bad join token, invalid settings): retrying won't help."""
+
+
+class HeadLink:
+    """The agent's side of the agent ↔ head protocol (docs/control-plane.md).
+
+    Sends a heartbeat at once when `changed` is set (a process started or exited, a
+    master port was picked), cancelling the pending long poll; otherwise holds one long
+    poll of `heartbeat_s`. Head unreachable: retry with backoff, one log line per change.
+    """
+
+    def __init__(
+        self,
+        head_url: str,
+        join_token: str,
+        request: RegisterRequest,
+        reconciler: Reconciler,
+        gpus: GpuProvider,
+        *,
+        changed: asyncio.Event,
+        stop: asyncio.Event,
+        heartbeat_s: float,
+        secrets: set[str],
+    ) -> None:
+        self.head_url = head_url.rstrip("/")
+        self.join_token = join_token
+        self.request = request
+        self.reconciler = reconciler
+        self.gpus = gpus
+        self.changed = changed
+        self.stop = stop
+        self.heartbeat_s = heartbeat_s
+        self.lease_s = 3 * heartbeat_s
+        self.secrets = secrets
+        self.node_token: str | None = None
+        self.version = 0
+        self._reachable = True
+        self._last_ok = time.monotonic()
+        self._lease_lost = False
+        self._backoff = _BACKOFF_MIN_S
+
+    async def run(self) -> None:
+        """Register and heartbeat until `stop` is set."""
+        async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as client:
+            while not self.stop.is_set():
+                if self.node_token is None:
+                    await self._register(client)
+                    continue
+                await self._beat(client)
+
+    async def _register(self, client: httpx.AsyncClient) -> None:
+        try:
+            r = await client.post(
+                f"{self.head_url}/v1/agent/register",
+                content=self.request.model_dump_json(),
+                headers=_headers(self.join_token),
+            )
+        except httpx.HTTPError as e:
+            return await self._failed(f"cannot reach the head at {self.head_url}: {e}")
+        if 400 <= r.status_code < 500:
+            raise JoinRefused(f"the head refused to register this agent: {_detail(r)}")
+        if r.status_code != 200:
+            return await self._failed(f"head answered {r.status_code} to register")
+        reg = RegisterResponse.model_validate_json(r.content)
+        self.node_token = reg.node_token
+        self.secrets.add(reg.node_token)
+        self.heartbeat_s, self.lease_s = reg.heartbeat_s, reg.lease_s
+        self._ok()
+        log.info("registered with the head at %s as %s", self.head_url, self.request.name)
+        self.changed.set()  # report at once
+
+    async def _beat(self, client: httpx.AsyncClient) -> None:
+        desired = self.reconciler.desired()
+        if desired is not None:
+            await asyncio.to_thread(self.reconciler.apply, desired)  # finish deferred launches
+        self.changed.clear()
+        wait_s = min(self.heartbeat_s, _MAX_WAIT_S)
+        beat = Heartbeat(
+            name=self.request.name,
+            version=self.version,
+            wait_s=wait_s,
+            processes=self.reconciler.process_statuses(),
+            master_ports=self.reconciler.master_ports(),
+            gpus=await asyncio.to_thread(self.gpus.telemetry),
+        )
+        assert self.node_token is not None
+        sent = time.monotonic()
+        post = asyncio.ensure_future(
+            client.post(
+                f"{self.head_url}/v1/agent/heartbeat",
+                content=beat.model_dump_json(),
+                headers=_headers(self.node_token),
+                timeout=wait_s + 10.0,
+            )
+        )
+        if not await self._answered_first(post):
+            post.cancel()  # news to tell (or stopping): drop the long poll, send again
+            with contextlib.suppress(asyncio.CancelledError, httpx.HTTPError):
+                await post
+            return
+        try:
+            r = post.result()
+        except httpx.HTTPError as e:
+            return await self._failed(f"cannot reach the head at {self.head_url}: {e}")
+        if r.status_code in (401, 403):
+            log.warning("the head no longer knows this node's token; registering again")
+            self.node_token = None
+            return
+        if r.status_code != 200:
+            return await self._failed(f"head answered {r.status_code}: {_detail(r)}")
+        try:
+            state = DesiredState.model_validate_json(r.content)
+        except ValidationError as e:
+            return await self._failed(
+                f"head sent an invalid desired state: {e.error_count()} error(s)"
+            )
+        self._ok()
+        new = state.version != self.version or desired is None
+        self.heartbeat_s, self.lease_s = state.heartbeat_s, state.lease_s
+        await asyncio.to_thread(self.reconciler.apply, state)
+        self.version = state.version
+        if not new:
+            # The head answered early with nothing new (no long poll): keep the pace.
+            await self._pause(max(0.0, self.heartbeat_s - (time.monotonic() - sent)))
+
+    async def _answered_first(self, post: asyncio.Future[httpx.Response]) -> bool:
+        """Wait for the answer, news to report, or stop; True if the answer came first."""
+        news = asyncio.ensure_future(self.changed.wait())
+        stop = asyncio.ensure_future(self.stop.wait())
+        waiting: set[asyncio.Future[Any]] = {post, news, stop}
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        for t in (news, stop):
+            t.cancel()
+        return post in done
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, waking early for news or stop."""
+        with contextlib.suppress(TimeoutError):
+            news = asyncio.ensure_future(self.changed.wait())
+            stop = asyncio.ensure_future(self.stop.wait())
+            try:
+                await asyncio.wait(
+                    {news, stop}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                news.cancel()
+                stop.cancel()
+
+    async def _failed(self, why: str) -> None:
+        """Log the change to unreachable once, mind the lease, back off."""
+        if self._reachable:
+            log.warning("%s; retrying (jobs keep running)", why)
+            self._reachable = False
+            self._backoff = _BACKOFF_MIN_S
+        if not self._lease_lost and time.monotonic() - self._last_ok > self.lease_s:
+            self._lease_lost = True
+            self.on_lease_lost()
+        await self._pause(self._backoff)
+        self._backoff = min(self._backoff * 2, _BACKOFF_MAX_S)
+
+    def _ok(self) -> None:
+        if not self._reachable:
+            log.info("the head at %s is reachable again", self.head_url)
+        self._reachable = True
+        self._lease_lost = False
+        self._last_ok = time.monotonic()
+
+    def on_lease_lost(self) -> None:
+        """The head has not answered for longer than the lease: it may already have placed
+        this node's jobs elsewhere. Seam for fencing (stop job processes so a job never
+        runs twice); today it only warns."""
+        log.warning(
+            "no answer from the head for more than the %.0fs lease; jobs keep running "
+            "(fencing is not implemented yet)",
+            self.lease_s,
+        )
+
+
+def _headers(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+
+def _detail(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text[:200]
+    return str(body.get("detail", body)) if isinstance(body, dict) else str(body)[:200]

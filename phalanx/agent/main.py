@@ -1,0 +1,168 @@
+"""The agent process: API server, registration and heartbeats in one asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import uvicorn
+from pydantic import ValidationError
+
+from phalanx.api.models import RegisterRequest
+
+from .gpus import GpuError, GpuProvider, detect
+from .headlink import HeadLink, JoinRefused
+from .processes import ProcessManager
+from .reconcile import LaunchContext, Reconciler
+from .server import create_app
+from .slurm_cmds import write_shims
+from .steps import StepManager
+
+log = logging.getLogger(__name__)
+
+
+class AgentError(RuntimeError):
+    """The agent cannot start or cannot join; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """How to run one agent (the `phalanx agent` flags)."""
+
+    head_url: str
+    token: str  # the join token; never logged, never given to jobs
+    address: str  # where this node is reached (API server, MASTER_ADDR)
+    name: str
+    state_dir: Path
+    port: int = 0  # agent API port; 0 picks a free one
+    fake_gpus: int | None = None
+    gpu_model: str = "H100"
+    labels: dict[str, str] = field(default_factory=dict)
+    heartbeat_s: float = 2.0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the agent owns SIGINT/SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def run_agent(cfg: AgentConfig, stop: threading.Event | None = None) -> None:
+    """Run the agent until SIGINT/SIGTERM (or `stop` is set): serve the agent API,
+    register with the head, heartbeat and reconcile. Every job process is stopped before
+    it returns. Raises AgentError for problems the user must fix (no GPUs, bad token)."""
+    try:
+        asyncio.run(_run(cfg, stop))
+    except (GpuError, JoinRefused) as e:
+        raise AgentError(str(e)) from e
+
+
+async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    if stop_flag is not None:
+        threading.Thread(
+            target=lambda: (stop_flag.wait(), loop.call_soon_threadsafe(stop.set)), daemon=True
+        ).start()
+
+    changed = asyncio.Event()
+
+    def notify(*_: object) -> None:
+        loop.call_soon_threadsafe(changed.set)
+
+    state_dir = cfg.state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    agent_secret = secrets.token_urlsafe(32)
+    keep_out: set[str] = {cfg.token, agent_secret}  # the node token joins once issued
+    ctx = LaunchContext(
+        state_dir=state_dir, base_env=dict(os.environ), head_url=cfg.head_url, secrets=keep_out
+    )
+    procs = ProcessManager(on_change=notify)
+    steps = StepManager(ctx, procs)
+    reconciler = Reconciler(ctx, procs, on_change=notify, on_stop_job=steps.stop_undesired)
+    gpus = detect(cfg.fake_gpus, cfg.gpu_model, node_name=cfg.name, busy=reconciler.busy_gpus)
+    try:
+        write_shims(ctx.bin_dir)
+        sock = _listen(cfg.address, cfg.port)
+        agent_url = f"http://{cfg.address}:{sock.getsockname()[1]}"
+        request = _register_request(cfg, agent_url, agent_secret, gpus)
+        app = create_app(secret=agent_secret, reconciler=reconciler, steps=steps)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        server = _Server(config)
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        log.info("agent %s serving on %s with %d GPU(s)", cfg.name, agent_url, len(request.gpus))
+        link = HeadLink(
+            cfg.head_url,
+            cfg.token,
+            request,
+            reconciler,
+            gpus,
+            changed=changed,
+            stop=stop,
+            heartbeat_s=cfg.heartbeat_s,
+            secrets=keep_out,
+        )
+        try:
+            await link.run()
+        finally:
+            log.info("agent %s stopping: ending job processes", cfg.name)
+            await asyncio.to_thread(reconciler.shutdown)
+            server.should_exit = True
+            await serving
+    finally:
+        gpus.close()
+
+
+def _listen(address: str, port: int) -> socket.socket:
+    """Bind the API socket now, so port 0 resolves before registering."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((address, port))
+    except OSError as e:
+        sock.close()
+        raise AgentError(f"cannot listen on {address}:{port}: {e.strerror or e}") from e
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def _register_request(
+    cfg: AgentConfig, agent_url: str, agent_secret: str, gpus: GpuProvider
+) -> RegisterRequest:
+    try:
+        return RegisterRequest(
+            name=cfg.name,
+            address=cfg.address,
+            agent_url=agent_url,
+            agent_secret=agent_secret,
+            cpus=os.cpu_count() or 1,
+            memory_mb=_memory_mb(),
+            gpus=gpus.inventory(),
+            labels=cfg.labels,
+        )
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
+        raise AgentError(f"invalid agent settings: {problems}") from e
+
+
+def _memory_mb() -> int:
+    """Physical memory in MiB."""
+    try:
+        return max(1, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20)
+    except (ValueError, OSError):
+        return 1

@@ -1,0 +1,279 @@
+"""Job processes: start each in its own process group, watch it, stop it (TERM, then KILL)."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+# Exit codes for a process that could not be started at all, as a shell reports them.
+EXIT_CANNOT_START = 1
+EXIT_NOT_EXECUTABLE = 126
+EXIT_NOT_FOUND = 127
+
+
+@dataclass(frozen=True)
+class ProcState:
+    """One process as seen now. `pid` is None when it could not be started."""
+
+    pid: int | None
+    running: bool
+    exit_code: int | None  # set when it exited normally
+    signal: int | None  # set when a signal killed it
+    started_at: float  # unix seconds
+    ended_at: float | None
+    stdout: Path
+    stderr: Path
+
+    @property
+    def shell_code(self) -> int | None:
+        """The status a shell would show: the exit code, or 128 + signal; None if running."""
+        if self.signal is not None:
+            return 128 + self.signal
+        return self.exit_code
+
+
+class _Proc:
+    """Mutable bookkeeping of one process; guarded by the manager's lock."""
+
+    def __init__(self, popen: subprocess.Popen[bytes] | None, stdout: Path, stderr: Path) -> None:
+        self.popen = popen
+        self.started_at = time.time()
+        self.ended_at: float | None = None
+        self.exit_code: int | None = None
+        self.signal: int | None = None
+        self.stdout = stdout
+        self.stderr = stderr
+        self.stopping = False
+
+    def state(self) -> ProcState:
+        return ProcState(
+            pid=self.popen.pid if self.popen is not None else None,
+            running=self.ended_at is None,
+            exit_code=self.exit_code,
+            signal=self.signal,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            stdout=self.stdout,
+            stderr=self.stderr,
+        )
+
+
+class ProcessManager:
+    """Starts, watches and stops job processes, each the leader of its own process group.
+
+    `on_change(key)` is called (from a watcher thread) when a process ends. Stopping
+    signals the whole group, so a rank's children die with it.
+    """
+
+    def __init__(self, on_change: Callable[[Hashable], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._procs: dict[Hashable, _Proc] = {}
+        self._on_change = on_change
+        self._stoppers: list[threading.Thread] = []
+
+    def start(
+        self,
+        key: Hashable,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str,
+        stdout: Path,
+        stderr: Path,
+    ) -> ProcState:
+        """Start `argv` in `cwd` with exactly `env`, appending output to the two files
+        (one file when both paths are equal). A process that cannot start (missing cwd,
+        command not found) is recorded as ended with a shell-like exit code and a
+        message in its stderr file; this never raises for the job's own faults."""
+        if key in self._procs:
+            raise ValueError(f"process {key!r} already exists")
+        if not os.path.isdir(cwd):
+            msg = f"working directory {cwd} does not exist on this node"
+            return self.fail(key, msg, code=EXIT_CANNOT_START, stdout=stdout, stderr=stderr)
+        stdout.parent.mkdir(parents=True, exist_ok=True)
+        stderr.parent.mkdir(parents=True, exist_ok=True)
+        failure: tuple[int, str] | None = None
+        with open(stdout, "ab") as out:
+            err = out if stderr == stdout else open(stderr, "ab")  # noqa: SIM115 closed below
+            try:
+                popen = subprocess.Popen(
+                    list(argv),
+                    env=dict(env),
+                    cwd=cwd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    start_new_session=True,  # its own session and process group
+                    close_fds=True,
+                )
+            except FileNotFoundError:
+                failure = (EXIT_NOT_FOUND, f"{argv[0]}: command not found")
+            except PermissionError:
+                failure = (EXIT_NOT_EXECUTABLE, f"{argv[0]}: permission denied")
+            except OSError as e:
+                failure = (EXIT_CANNOT_START, f"cannot start {argv[0]}: {e.strerror or e}")
+            finally:
+                if err is not out:
+                    err.close()
+        if failure is not None:
+            return self.fail(key, failure[1], code=failure[0], stdout=stdout, stderr=stderr)
+        proc = _Proc(popen, stdout, stderr)
+        started = proc.state()  # as started, even if it ends before we return
+        with self._lock:
+            self._procs[key] = proc
+        threading.Thread(
+            target=self._watch, args=(key, proc), name=f"watch-{popen.pid}", daemon=True
+        ).start()
+        return started
+
+    def fail(
+        self,
+        key: Hashable,
+        message: str,
+        *,
+        code: int | None,
+        stdout: Path,
+        stderr: Path,
+        signal: int | None = None,
+    ) -> ProcState:
+        """Record a process that could not be started: `message` goes to its stderr file
+        (prefixed `phalanx-agent:`) and it reads as ended with exit `code` (or `signal`)."""
+        stderr.parent.mkdir(parents=True, exist_ok=True)
+        with open(stderr, "ab") as f:
+            f.write(f"phalanx-agent: {message}\n".encode())
+        log.warning("cannot start %s: %s", key, message)
+        proc = _Proc(None, stdout, stderr)
+        proc.exit_code, proc.signal, proc.ended_at = code, signal, time.time()
+        with self._lock:
+            self._procs[key] = proc
+        if self._on_change is not None:
+            self._on_change(key)
+        return proc.state()
+
+    def _watch(self, key: Hashable, proc: _Proc) -> None:
+        """Reap the group leader (no zombies) and record how it ended."""
+        assert proc.popen is not None
+        code = proc.popen.wait()
+        with self._lock:
+            proc.ended_at = time.time()
+            if code < 0:
+                proc.signal = -code
+            else:
+                proc.exit_code = code
+        if self._on_change is not None:
+            self._on_change(key)
+
+    def get(self, key: Hashable) -> ProcState | None:
+        """The state of one process, or None if unknown."""
+        with self._lock:
+            proc = self._procs.get(key)
+            return proc.state() if proc is not None else None
+
+    def states(self) -> dict[Hashable, ProcState]:
+        """Every known process (running and ended) by key."""
+        with self._lock:
+            return {k: p.state() for k, p in self._procs.items()}
+
+    def forget(self, key: Hashable) -> None:
+        """Drop an ended process from the books (its files stay)."""
+        with self._lock:
+            proc = self._procs.get(key)
+            if proc is not None and proc.ended_at is not None:
+                del self._procs[key]
+
+    def stop(self, key: Hashable, grace_s: float) -> None:
+        """SIGTERM the process group now, SIGKILL it after `grace_s` if anything is left.
+        Returns at once; a stop already under way is not restarted."""
+        with self._lock:
+            proc = self._procs.get(key)
+            if proc is None or proc.popen is None or proc.stopping:
+                return
+            proc.stopping = True
+            pgid = proc.popen.pid
+            ended = proc.ended_at is not None
+        if ended and not group_alive(pgid):
+            return  # nothing left; never signal an id the kernel may have reused
+        t = threading.Thread(
+            target=_terminate_group, args=(pgid, grace_s), name=f"stop-{pgid}", daemon=True
+        )
+        t.start()
+        with self._lock:
+            self._stoppers = [s for s in self._stoppers if s.is_alive()]
+            self._stoppers.append(t)
+
+    def stop_all(self, grace_s: float) -> None:
+        """Stop every process group and wait until all are dead (agent shutdown)."""
+        with self._lock:
+            keys = list(self._procs)
+        for key in keys:
+            self.stop(key, grace_s)
+        with self._lock:
+            stoppers = list(self._stoppers)
+            procs = list(self._procs.values())
+        for t in stoppers:
+            t.join()
+        for p in procs:
+            if p.popen is not None:
+                p.popen.wait()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any live (non-zombie) process of the group still exists.
+
+    Zombies do not count: an orphaned grandchild that nobody reaps must not make a stop
+    wait for its whole grace period. Without /proc, any member counts.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for entry in os.scandir(proc):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # exited while we looked
+            continue
+        # "pid (comm) state ppid pgrp …"; comm may hold spaces and parentheses.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _terminate_group(pgid: int, grace_s: float) -> None:
+    """SIGTERM the group; SIGKILL whatever is left after the grace period."""
+    if not _signal_group(pgid, signal.SIGTERM):
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return
+        time.sleep(0.05)
+    if _signal_group(pgid, signal.SIGKILL):
+        log.info("process group %d ignored SIGTERM for %.1fs; killed", pgid, grace_s)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> bool:
+    """Send `sig` to the group; False when the group is already gone."""
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        return False
+    except OSError as e:  # EPERM: only zombies left, which cannot be signalled anyway
+        if e.errno != errno.EPERM:
+            raise
+    return True

@@ -1,0 +1,322 @@
+"""Make what runs on this node match the head's desired state, like a kubelet."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Collection, Hashable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from phalanx.api.models import Assignment, DesiredState, ProcessStatus
+from phalanx.jobspec import expand_pattern
+
+from . import logfiles
+from .env import global_rank, job_env, local_ranks
+from .processes import EXIT_CANNOT_START, ProcessManager, ProcState
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KILL_GRACE_S = 10.0
+
+JobKey = tuple[int, int]  # (job_id, epoch)
+
+
+def rank_key(job_id: int, epoch: int, rank: int) -> Hashable:
+    """The process manager's key of one rank."""
+    return ("rank", job_id, epoch, rank)
+
+
+@dataclass
+class _Launch:
+    """What this node started for one (job, epoch)."""
+
+    assignment: Assignment
+    ranks: dict[int, int] = field(default_factory=dict)  # global rank → local rank
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """Node-wide facts every launch needs (paths, environment, credentials to keep out)."""
+
+    state_dir: Path
+    base_env: Mapping[str, str]
+    head_url: str | None = None
+    secrets: Collection[str] = ()
+
+    @property
+    def bin_dir(self) -> Path:
+        """Where the srun/scontrol shims live; first on every job's PATH."""
+        return self.state_dir / "bin"
+
+    def job_dir(self, job_id: int, epoch: int) -> Path:
+        """Per-launch private files: the batch script, srun's step counter."""
+        return self.state_dir / "jobs" / str(job_id) / f"e{epoch}"
+
+
+class Reconciler:
+    """Starts the ranks the desired state names and stops every other one.
+
+    Thread-safe: the heartbeat loop calls apply(), the API server reads assignments and
+    log paths, watcher threads report exits through `on_change`.
+    """
+
+    def __init__(
+        self,
+        ctx: LaunchContext,
+        procs: ProcessManager,
+        *,
+        on_change: Callable[[], None] = lambda: None,
+        on_stop_job: Callable[[set[JobKey], float], None] = lambda keys, grace: None,
+    ) -> None:
+        self.ctx = ctx
+        self.procs = procs
+        self._on_change = on_change
+        self._on_stop_job = on_stop_job  # stops srun steps of jobs no longer desired
+        self._lock = threading.RLock()
+        self._desired: DesiredState | None = None
+        self._launches: dict[JobKey, _Launch] = {}
+        self._ports: dict[JobKey, int] = {}
+
+    # ------------------------------------------------------------------ reconcile
+    def apply(self, desired: DesiredState) -> None:
+        """Reconcile to `desired`: start missing ranks, stop undesired ones. Idempotent."""
+        with self._lock:
+            self._desired = desired
+            wanted = {(a.job_id, a.epoch): a for a in desired.jobs}
+            self._stop_undesired(set(wanted), desired.kill_grace_s)
+            self._on_stop_job(set(wanted), desired.kill_grace_s)
+            for key, a in wanted.items():
+                if key not in self._launches:
+                    self._maybe_launch(a)
+
+    def _stop_undesired(self, wanted: set[JobKey], grace_s: float) -> None:
+        for key, launch in list(self._launches.items()):
+            if key in wanted:
+                continue
+            alive = False
+            for rank in launch.ranks:
+                pkey = rank_key(key[0], key[1], rank)
+                state = self.procs.get(pkey)
+                if state is not None and state.running:
+                    alive = True
+                self.procs.stop(pkey, grace_s)  # also reaps a finished rank's leftovers
+            if not alive:
+                for rank in launch.ranks:
+                    self.procs.forget(rank_key(key[0], key[1], rank))
+                del self._launches[key]
+                self._ports.pop(key, None)
+
+    def _maybe_launch(self, a: Assignment) -> None:
+        key = (a.job_id, a.epoch)
+        if any(k[0] == a.job_id for k in self._launches):
+            return  # an older epoch of this job is still being stopped: GPUs not free yet
+        ranks = [(global_rank(a, lr), lr) for lr in local_ranks(a)]
+        port = a.master_port
+        if port is None and a.node_rank != 0 and ranks:
+            return  # wait for the rank-0 node's port to come back through the head
+        if port is None and a.node_rank == 0:
+            port = self._ports.get(key)
+            if port is None:
+                try:
+                    port = pick_free_port(a.master_addr)
+                except OSError as e:
+                    log.warning("job %d: cannot pick a port on %s: %s", a.job_id, a.master_addr, e)
+                    return
+                self._ports[key] = port
+        marker = self.ctx.job_dir(a.job_id, a.epoch) / "launched"
+        # The step token identifies the job across head restarts (job ids alone repeat when
+        # a cluster is recreated on the same state dir); only its hash is written.
+        fingerprint = hashlib.sha256(a.step_token.encode()).hexdigest()
+        if marker.exists() and marker.read_text() == fingerprint:
+            # Started by an earlier run of this agent, which stopped its processes on exit:
+            # report them dead rather than run this epoch a second time ("never twice").
+            self._launches[key] = launch = _Launch(a)
+            for rank, local in ranks:
+                launch.ranks[rank] = local
+                out, err = self._log_paths(a, rank)
+                msg = "rank lost: the agent restarted while it ran"
+                pkey = rank_key(a.job_id, a.epoch, rank)
+                self.procs.fail(pkey, msg, code=None, signal=9, stdout=out, stderr=err)
+            return
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text(fingerprint)
+        launch = _Launch(a)
+        self._launches[key] = launch
+        argv, problem = self._argv(a)
+        self._prepare_outputs(a, [r for r, _ in ranks])
+        for rank, local in ranks:
+            launch.ranks[rank] = local
+            out, err = self._log_paths(a, rank)
+            pkey = rank_key(a.job_id, a.epoch, rank)
+            if problem is not None:
+                self.procs.fail(pkey, problem, code=EXIT_CANNOT_START, stdout=out, stderr=err)
+                continue
+            env = job_env(
+                a,
+                base=self.ctx.base_env,
+                local_rank=local,
+                master_port=port,
+                head_url=self.ctx.head_url,
+                bin_dir=self.ctx.bin_dir,
+                job_dir=self.ctx.job_dir(a.job_id, a.epoch),
+                secrets=self.ctx.secrets,
+            )
+            state = self.procs.start(pkey, argv, env=env, cwd=a.workdir, stdout=out, stderr=err)
+            log.info("job %d.%d: rank %d started, pid %s", a.job_id, a.epoch, rank, state.pid)
+        self._on_change()
+
+    def _argv(self, a: Assignment) -> tuple[list[str], str | None]:
+        """The command to run, or (…, why it cannot run)."""
+        if a.launcher == "batch":
+            if a.script is None:
+                return [], "batch job has no script"
+            d = self.ctx.job_dir(a.job_id, a.epoch)
+            d.mkdir(parents=True, exist_ok=True)
+            path = d / "script"
+            path.write_text(a.script)
+            path.chmod(0o700)
+            return script_argv(a.script, path), None
+        if not a.command:
+            return [], f"{a.launcher} job has no command"
+        return list(a.command), None
+
+    def _log_paths(self, a: Assignment, rank: int) -> tuple[Path, Path]:
+        """The rank's (stdout, stderr) files: `-o`/`-e` patterns (relative to workdir), else
+        the per-rank files under the state dir. stderr joins stdout when only `-o` is given."""
+        out, err = logfiles.rank_paths(self.ctx.state_dir, a.job_id, a.epoch, rank)
+        if not os.path.isdir(a.workdir):
+            return out, err  # the start fails; its message must land somewhere readable
+        if a.output is not None:
+            out = self._expand(a, a.output, rank)
+            if a.error is None:
+                err = out
+        if a.error is not None:
+            err = self._expand(a, a.error, rank)
+        return out, err
+
+    def _expand(self, a: Assignment, pattern: str, rank: int) -> Path:
+        name = expand_pattern(
+            pattern,
+            job_id=a.job_id,
+            name=a.name,
+            task=rank,
+            node=a.nodes[a.node_rank],
+            user=a.user,
+            array_job_id=a.array_job_id,
+            array_task_id=a.array_task_id,
+            node_id=a.node_rank,
+        )
+        return Path(a.workdir) / name
+
+    def _prepare_outputs(self, a: Assignment, ranks: list[int]) -> None:
+        """Truncate `-o`/`-e` files once per launch (as Slurm); keep them on restarts."""
+        if a.restart_count > 0 or (a.output is None and a.error is None):
+            return
+        for path in {p for r in ranks for p in self._log_paths(a, r)}:
+            if path.parent.is_dir():
+                path.write_bytes(b"")
+
+    # ------------------------------------------------------------------ views
+    def desired(self) -> DesiredState | None:
+        """The desired state last applied."""
+        with self._lock:
+            return self._desired
+
+    def assignment(self, job_id: int) -> Assignment | None:
+        """The desired assignment of `job_id` on this node, if any."""
+        with self._lock:
+            if self._desired is None:
+                return None
+            return next((a for a in self._desired.jobs if a.job_id == job_id), None)
+
+    def kill_grace_s(self) -> float:
+        """Grace between SIGTERM and SIGKILL, from the head."""
+        with self._lock:
+            return self._desired.kill_grace_s if self._desired else DEFAULT_KILL_GRACE_S
+
+    def process_statuses(self) -> list[ProcessStatus]:
+        """Every rank this node started that is desired or still alive (for the heartbeat)."""
+        with self._lock:
+            out = []
+            for (job_id, epoch), launch in sorted(self._launches.items()):
+                for rank, local in sorted(launch.ranks.items()):
+                    s = self.procs.get(rank_key(job_id, epoch, rank))
+                    if s is not None:
+                        out.append(_status(job_id, epoch, rank, local, s))
+            return out
+
+    def master_ports(self) -> dict[str, int]:
+        """Ports this node picked as rank 0, by str(job id)."""
+        with self._lock:
+            return {str(job): port for (job, _), port in self._ports.items()}
+
+    def busy_gpus(self) -> set[int]:
+        """GPU indices held by a running rank (fake telemetry uses it)."""
+        with self._lock:
+            busy: set[int] = set()
+            for (job_id, epoch), launch in self._launches.items():
+                states = (self.procs.get(rank_key(job_id, epoch, r)) for r in launch.ranks)
+                if any(s is not None and s.running for s in states):
+                    busy.update(launch.assignment.gpus)
+            return busy
+
+    def rank_log(self, job_id: int, rank: int) -> tuple[Path, Path, bool] | None:
+        """(stdout, stderr, ended) of a rank of `job_id` on this node, newest epoch first;
+        falls back to files on disk for jobs this agent no longer tracks."""
+        with self._lock:
+            for (jid, epoch), launch in sorted(self._launches.items(), reverse=True):
+                if jid == job_id and rank in launch.ranks:
+                    s = self.procs.get(rank_key(jid, epoch, rank))
+                    if s is not None:
+                        return s.stdout, s.stderr, not s.running
+            desired = self.assignment(job_id)
+            if desired is not None:
+                wanted = {global_rank(desired, lr) for lr in local_ranks(desired)}
+                if rank in wanted:  # not started yet (waiting for the master port)
+                    out, err = self._log_paths(desired, rank)
+                    return out, err, False
+        paths = logfiles.latest_rank_paths(self.ctx.state_dir, job_id, rank)
+        return (*paths, True) if paths is not None else None
+
+    def shutdown(self) -> None:
+        """Stop every job process and wait for them (agent exit)."""
+        self.procs.stop_all(self.kill_grace_s())
+
+
+def _status(job_id: int, epoch: int, rank: int, local: int, s: ProcState) -> ProcessStatus:
+    return ProcessStatus(
+        job_id=job_id,
+        epoch=epoch,
+        rank=rank,
+        local_rank=local,
+        pid=s.pid,
+        running=s.running,
+        exit_code=s.exit_code,
+        signal=s.signal,
+        started_at=s.started_at,
+        ended_at=s.ended_at,
+    )
+
+
+def script_argv(script: str, path: Path) -> list[str]:
+    """How to run a batch script: its `#!` interpreter (plus its one optional argument, as
+    the kernel does), else bash. The interpreter is called explicitly so a noexec state
+    dir still works."""
+    first = script.split("\n", 1)[0]
+    if first.startswith("#!"):
+        parts = first[2:].strip().split(None, 1)
+        if parts:
+            return [*parts, str(path)]
+    return ["bash", str(path)]
+
+
+def pick_free_port(address: str) -> int:
+    """A TCP port free on `address` now (bind port 0, read it, close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((address, 0))
+        port: int = s.getsockname()[1]
+        return port

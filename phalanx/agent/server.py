@@ -1,0 +1,145 @@
+"""The agent's own HTTP API: health, rank logs, and srun steps (docs/control-plane.md)."""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Header, HTTPException, Query
+
+from phalanx import __version__
+from phalanx.api.models import ErrorBody, Health, LogChunk, StepLaunch, StepStatus
+
+from . import logfiles
+from .logfiles import Stream
+from .reconcile import Reconciler
+from .steps import StepExists, StepManager
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "missing or wrong token"},
+    403: {"model": ErrorBody, "description": "a valid token of another job"},
+    404: {"model": ErrorBody, "description": "no such job, rank or step on this node"},
+}
+
+Authorization = Annotated[str | None, Header()]
+Offset = Annotated[int, Query(ge=0)]
+
+
+def create_app(*, secret: str, reconciler: Reconciler, steps: StepManager) -> FastAPI:
+    """The agent API. `secret` is the agent secret the head holds (log proxy); srun
+    inside a job uses that job's step token, which only opens that job."""
+    app = FastAPI(title="Phalanx agent", version=__version__)
+
+    def check(authorization: str | None, job_id: int, *, secret_ok: bool = True) -> None:
+        """401 for no/unknown token, 403 for another job's step token."""
+        token = _bearer(authorization)
+        if token is None:
+            raise HTTPException(401, "missing Authorization: Bearer token")
+        if secret_ok and hmac.compare_digest(token, secret):
+            return
+        desired = reconciler.desired()
+        for a in desired.jobs if desired else []:
+            if hmac.compare_digest(token, a.step_token):
+                if a.job_id == job_id:
+                    return
+                raise HTTPException(403, f"this token belongs to another job, not job {job_id}")
+        raise HTTPException(401, "invalid token")
+
+    @app.get("/healthz", response_model=Health)
+    def healthz() -> Health:
+        return Health(status="ok", version=__version__)
+
+    @app.get("/v1/logs/{job_id}", response_model=LogChunk, responses=_ERRORS)
+    def rank_logs(
+        job_id: int,
+        authorization: Authorization = None,
+        rank: Annotated[int, Query(ge=0)] = 0,
+        stream: Stream = "stdout",
+        offset: Offset = 0,
+    ) -> LogChunk:
+        check(authorization, job_id)
+        found = reconciler.rank_log(job_id, rank)
+        if found is None:
+            raise HTTPException(404, f"no logs for job {job_id} rank {rank} on this node")
+        return _chunk(job_id, rank, stream, offset, found)
+
+    @app.post(
+        "/v1/steps",
+        response_model=StepStatus,
+        responses={**_ERRORS, 409: {"model": ErrorBody, "description": "step id taken"}},
+    )
+    def launch_step(req: StepLaunch, authorization: Authorization = None) -> StepStatus:
+        check(authorization, req.job_id, secret_ok=False)
+        a = reconciler.assignment(req.job_id)
+        if a is None:
+            raise HTTPException(404, f"job {req.job_id} is not running on this node")
+        try:
+            return steps.launch(a, req)
+        except StepExists as e:
+            raise HTTPException(409, str(e)) from e
+
+    @app.get("/v1/steps/{job_id}/{step_id}", response_model=StepStatus, responses=_ERRORS)
+    def step_status(job_id: int, step_id: int, authorization: Authorization = None) -> StepStatus:
+        check(authorization, job_id)
+        status = steps.status(job_id, step_id)
+        if status is None:
+            raise HTTPException(404, f"no step {job_id}.{step_id} on this node")
+        return status
+
+    @app.get("/v1/steps/{job_id}/{step_id}/logs", response_model=LogChunk, responses=_ERRORS)
+    def step_logs(
+        job_id: int,
+        step_id: int,
+        authorization: Authorization = None,
+        task: Annotated[int, Query(ge=0)] = 0,
+        stream: Stream = "stdout",
+        offset: Offset = 0,
+    ) -> LogChunk:
+        check(authorization, job_id)
+        found = steps.task_log(job_id, step_id, task)
+        if found is None:
+            raise HTTPException(404, f"no task {task} of step {job_id}.{step_id} on this node")
+        return _chunk(job_id, task, stream, offset, found)
+
+    @app.delete("/v1/steps/{job_id}/{step_id}", response_model=StepStatus, responses=_ERRORS)
+    def kill_step(job_id: int, step_id: int, authorization: Authorization = None) -> StepStatus:
+        check(authorization, job_id)
+        if not steps.kill(job_id, step_id, reconciler.kill_grace_s()):
+            raise HTTPException(404, f"no step {job_id}.{step_id} on this node")
+        status = steps.status(job_id, step_id)
+        assert status is not None
+        return status
+
+    return app
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if authorization is None:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return None
+    return token.strip() or None
+
+
+def _chunk(
+    job_id: int, rank: int, stream: Stream, offset: int, found: tuple[Path, Path, bool]
+) -> LogChunk:
+    out, err, ended = found
+    path = out if stream == "stdout" else err
+    if stream == "stderr" and err == out:
+        # stderr was merged into the stdout file (`-o` without `-e`): nothing separate.
+        return LogChunk(
+            job_id=job_id, rank=rank, stream=stream, offset=0, next_offset=0, data="", eof=ended
+        )
+    c = logfiles.read_chunk(path, offset, ended=ended)
+    return LogChunk(
+        job_id=job_id,
+        rank=rank,
+        stream=stream,
+        offset=c.offset,
+        next_offset=c.next_offset,
+        data=c.data,
+        eof=c.eof,
+    )

@@ -1,0 +1,117 @@
+"""`srun` and `scontrol` for scripts running inside a Phalanx job (the agent puts shims on PATH)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from phalanx.jobspec import JobSpecError, hostlist
+
+
+class CommandError(Exception):
+    """A problem the user of scontrol can fix; printed as `scontrol: error: …`."""
+
+
+def write_shims(bin_dir: Path) -> None:
+    """Write executable `srun` and `scontrol` wrappers that run this Python's shims."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for cmd in ("srun", "scontrol"):
+        path = bin_dir / cmd
+        text = f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m phalanx.agent.{cmd} "$@"\n'
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.replace(path)
+
+
+# ----------------------------------------------------------------------------- srun
+def srun_main(argv: Sequence[str]) -> int:
+    """Run a job step: start tasks on the job's agents, stream their output, wait, and
+    exit with the highest task exit code (128 + signal for a killed task)."""
+    # Imported here so `scontrol` (often run in loops by job scripts) starts light.
+    from .stepplan import SrunError, job_context, parse_srun, plan_step, workdir
+    from .steprun import Http, StepRun
+
+    try:
+        opts = parse_srun(argv)
+        job = job_context(os.environ)
+        plan = plan_step(opts, job, os.environ)
+    except SrunError as e:
+        print(f"srun: error: {e}", file=sys.stderr)
+        return 1
+    for option in opts.ignored:
+        print(f"srun: note: {option} is accepted and ignored by Phalanx", file=sys.stderr)
+    client = Http(job.step_token)
+    step = StepRun(client, job, plan, workdir(opts), label=opts.label)
+    # Handlers first: a signal that arrives while the step launches still cancels it.
+    previous = {sig: signal.signal(sig, step.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        step.launch()
+        return step.follow(kill_on_bad_exit=opts.kill_on_bad_exit)
+    except SrunError as e:
+        print(f"srun: error: {e}", file=sys.stderr)
+        step.kill()
+        return 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        client.close()
+
+
+# ----------------------------------------------------------------------------- scontrol
+def scontrol_main(argv: Sequence[str]) -> int:
+    """`scontrol show hostnames [LIST]` and `scontrol show job [ID]` inside a job."""
+    args = list(argv)
+    try:
+        if args[:2] in (["show", "hostnames"], ["show", "hostname"]):
+            expr = args[2] if len(args) > 2 else os.environ.get("SLURM_JOB_NODELIST")
+            if not expr:
+                raise CommandError("no hostlist given and SLURM_JOB_NODELIST is not set")
+            for name in hostlist.expand(expr):
+                print(name)
+            return 0
+        if args[:2] == ["show", "job"]:
+            print(_show_job(args[2] if len(args) > 2 else None, os.environ))
+            return 0
+    except (CommandError, JobSpecError) as e:
+        print(f"scontrol: error: {e}", file=sys.stderr)
+        return 1
+    what = " ".join(args) or "(nothing)"
+    print(
+        f"scontrol: {what!r} is not supported by Phalanx; supported: "
+        "`scontrol show hostnames [LIST]`, `scontrol show job [ID]` "
+        "(for everything else use `phalanx show` / `phalanx nodes`)",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _show_job(job_id: str | None, env: Mapping[str, str]) -> str:
+    """A minimal Slurm-like record of the current job, from its environment."""
+    current = env.get("SLURM_JOB_ID")
+    if not current:
+        raise CommandError("not inside a job; use `phalanx show JOB_ID`")
+    if job_id is not None and job_id != current:
+        raise CommandError(
+            f"only the current job ({current}) can be shown here; use `phalanx show {job_id}`"
+        )
+    fields = [
+        ("JobId", current),
+        ("JobName", env.get("SLURM_JOB_NAME", "")),
+        ("UserId", env.get("SLURM_JOB_USER", "")),
+        ("Partition", env.get("SLURM_JOB_PARTITION", "")),
+        ("JobState", "RUNNING"),
+        ("RestartCnt", env.get("SLURM_RESTART_COUNT", "0")),
+        ("NumNodes", env.get("SLURM_JOB_NUM_NODES", "")),
+        ("NumTasks", env.get("SLURM_NTASKS", "")),
+        ("NodeList", env.get("SLURM_JOB_NODELIST", "")),
+        ("WorkDir", env.get("SLURM_SUBMIT_DIR", "")),
+    ]
+    return "\n".join(
+        ("   " if i else "") + " ".join(f"{k}={v}" for k, v in fields[i : i + 3])
+        for i in range(0, len(fields), 3)
+    )

@@ -1,0 +1,257 @@
+"""`phalanx whoami` and `phalanx admin …`: users, API tokens, join tokens and teams."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
+from phalanx.cli.output import console, fail, print_json, timestamp
+
+admin = typer.Typer(
+    help="Manage users, tokens, join tokens and teams (admin).",
+    no_args_is_help=True,
+)
+user_app = typer.Typer(help="Users.", no_args_is_help=True)
+token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
+join_app = typer.Typer(help="Tokens agents join the cluster with.", no_args_is_help=True)
+team_app = typer.Typer(help="Teams: GPU quota, cohort, borrowing, fair-share weight.")
+admin.add_typer(user_app, name="user")
+admin.add_typer(token_app, name="token")
+admin.add_typer(join_app, name="join-token")
+admin.add_typer(team_app, name="team", no_args_is_help=True)
+
+
+def whoami(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt = None) -> None:
+    """Who the token belongs to: user, role and teams."""
+    with connect(head, token) as client:
+        me = client.whoami()
+    if json_out:
+        print_json(me)
+        return
+    typer.echo(f"user:  {me.user}")
+    typer.echo(f"role:  {me.role}")
+    typer.echo(f"teams: {', '.join(me.teams) or '-'}")
+    if me.admin_of:
+        typer.echo(f"admin of: {', '.join(me.admin_of)}")
+
+
+@user_app.command("add")
+def user_add(
+    name: Annotated[str, typer.Argument(help="User name.", show_default=False)],
+    is_admin: Annotated[bool, typer.Option("--admin", help="Cluster administrator.")] = False,
+    team: Annotated[
+        list[str] | None, typer.Option("--team", help="Member of this team (repeatable).")
+    ] = None,
+    team_admin: Annotated[
+        list[str] | None,
+        typer.Option("--team-admin", help="Administrator of this team (repeatable)."),
+    ] = None,
+    default_team: Annotated[
+        str | None, typer.Option(help="Team for jobs without -p (default: the first --team).")
+    ] = None,
+    json_out: JsonOpt = False,
+    head: HeadOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Create a user."""
+    from pydantic import ValidationError
+
+    from phalanx.api.models import UserCreate
+
+    teams = list(dict.fromkeys([*(team or []), *(team_admin or [])]))
+    try:
+        body = UserCreate(
+            name=name,
+            admin=is_admin,
+            teams=teams,
+            team_admin_of=list(team_admin or []),
+            default_team=default_team or (teams[0] if teams else None),
+        )
+    except ValidationError as exc:
+        fail(_first_error(exc))
+    with connect(head, token) as client:
+        info = client.create_user(body)
+    if json_out:
+        print_json(info)
+    else:
+        typer.echo(f"user {info.name} created (teams: {', '.join(info.teams) or '-'})")
+        typer.echo(f"next: phalanx admin token create {info.name}")
+
+
+@user_app.command("list")
+def user_list(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt = None) -> None:
+    """List users."""
+    from rich.table import Table
+
+    with connect(head, token) as client:
+        users = client.users()
+    if json_out:
+        print_json(users)
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("NAME", "ADMIN", "TEAMS", "TEAM-ADMIN", "DEFAULT-TEAM"):
+        table.add_column(column)
+    for u in users.users:
+        table.add_row(
+            u.name,
+            "yes" if u.admin else "",
+            ",".join(u.teams),
+            ",".join(u.team_admin_of),
+            u.default_team or "",
+        )
+    console().print(table)
+
+
+@token_app.command("create")
+def token_create(
+    user: Annotated[str, typer.Argument(help="The token's user.", show_default=False)],
+    description: Annotated[str, typer.Option(help="What the token is for.")] = "",
+    json_out: JsonOpt = False,
+    head: HeadOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Issue an API token for a user (shown once: store it now)."""
+    with connect(head, token) as client:
+        issued = client.create_token(user, description)
+    if json_out:
+        print_json(issued)
+    else:
+        typer.echo(issued.token)
+        typer.echo(f"token {issued.id} for {issued.user}: shown once, store it now", err=True)
+
+
+@token_app.command("list")
+def token_list(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt = None) -> None:
+    """List tokens (their secrets are never shown again)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    with connect(head, token) as client:
+        tokens = client.tokens()
+    if json_out:
+        print_json(tokens)
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("ID", "USER", "KIND", "CREATED", "LAST-USED", "REVOKED", "DESCRIPTION"):
+        table.add_column(column)
+    for t in tokens.tokens:
+        table.add_row(
+            str(t.id),
+            t.user or "",
+            t.kind,
+            timestamp(t.created),
+            timestamp(t.last_used),
+            "yes" if t.revoked else "",
+            escape(t.description),
+        )
+    console().print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(
+    token_id: Annotated[int, typer.Argument(help="Token id (see token list).", show_default=False)],
+    head: HeadOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Revoke a token: it stops working at once."""
+    with connect(head, token) as client:
+        client.revoke_token(token_id)
+    typer.echo(f"token {token_id} revoked")
+
+
+@join_app.command("create")
+def join_token_create(
+    json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt = None
+) -> None:
+    """Issue a join token for `phalanx agent --token` (shown once)."""
+    with connect(head, token) as client:
+        issued = client.create_join_token()
+    if json_out:
+        print_json(issued)
+    else:
+        typer.echo(issued.token)
+        typer.echo(
+            f"join token {issued.id}: start agents with "
+            "PHALANX_JOIN_TOKEN=<token> phalanx agent --head URL --address ADDR",
+            err=True,
+        )
+
+
+@team_app.command("set")
+def team_set(
+    name: Annotated[str, typer.Argument(help="Team name.", show_default=False)],
+    quota: Annotated[
+        int | None, typer.Option(min=0, help="GPUs guaranteed to the team (default: no quota).")
+    ] = None,
+    cohort: Annotated[
+        str | None, typer.Option(help="Cohort whose teams lend each other idle quota.")
+    ] = None,
+    borrowing_limit: Annotated[
+        int | None, typer.Option(min=0, help="At most this many GPUs borrowed beyond quota.")
+    ] = None,
+    weight: Annotated[float | None, typer.Option(help="Fair-share weight (> 0).")] = None,
+    json_out: JsonOpt = False,
+    head: HeadOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Create or update a team."""
+    from pydantic import ValidationError
+
+    from phalanx.api.models import TeamSpec
+
+    try:
+        spec = TeamSpec(
+            name=name,
+            quota_gpus=quota,
+            cohort=cohort,
+            borrowing_limit=borrowing_limit,
+            weight=weight,
+        )
+    except ValidationError as exc:
+        fail(_first_error(exc))
+    with connect(head, token) as client:
+        info = client.set_team(spec)
+    if json_out:
+        print_json(info)
+    else:
+        quota_text = "no quota" if info.quota_gpus is None else f"quota {info.quota_gpus} GPUs"
+        typer.echo(f"team {info.name}: {quota_text}")
+
+
+@team_app.command("list")
+def team_list(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt = None) -> None:
+    """List teams with quota, cohort, borrowing limit, weight and GPUs in use."""
+    from rich.table import Table
+
+    with connect(head, token) as client:
+        teams = client.teams()
+    if json_out:
+        print_json(teams)
+        return
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for column in ("NAME", "QUOTA", "COHORT", "BORROW-LIMIT", "WEIGHT", "GPUS-IN-USE", "MEMBERS"):
+        table.add_column(column)
+    for t in teams.teams:
+        table.add_row(
+            t.name,
+            "-" if t.quota_gpus is None else str(t.quota_gpus),
+            t.cohort or "-",
+            "-" if t.borrowing_limit is None else str(t.borrowing_limit),
+            "-" if t.weight is None else f"{t.weight:g}",
+            str(t.gpus_in_use),
+            ",".join(t.members),
+        )
+    console().print(table)
+
+
+def _first_error(exc: Exception) -> str:
+    """The first pydantic validation error as `field: message`."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        items = errors()
+        if items:
+            loc = ".".join(str(p) for p in items[0].get("loc", ()))
+            return f"{loc}: {items[0].get('msg')}"
+    return str(exc).splitlines()[0]

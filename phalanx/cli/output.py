@@ -1,0 +1,100 @@
+"""How the CLI prints: one-line errors, JSON, tables that survive a pipe, durations, times."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, NoReturn
+
+import typer
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+    from rich.console import Console
+
+TERMINAL_STATES = frozenset({"CD", "F", "CA", "TO", "NF"})
+STATE_STYLE = {"PD": "yellow", "R": "green", "CG": "cyan", "CD": "green", "PR": "magenta"}
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """Print `error: MESSAGE` on stderr and exit (2 by default: bad input or API error)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """Print `warning: MESSAGE` on stderr."""
+    typer.echo(f"warning: {message}", err=True)
+
+
+def print_json(model: BaseModel) -> None:
+    """A wire model as indented JSON on stdout (what `--json` prints)."""
+    sys.stdout.write(model.model_dump_json(indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def console(stderr: bool = False) -> Console:
+    """A Rich console; when piped, wide enough that table rows never wrap."""
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, width=400, no_color=True)
+
+
+def duration(seconds: float | None) -> str:
+    """Slurm's elapsed-time format: `M:SS`, `H:MM:SS` or `D-HH:MM:SS`."""
+    if seconds is None:
+        return ""
+    total = max(0, int(seconds))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}"
+
+
+def timestamp(unix: float | None) -> str:
+    """A unix time as local `YYYY-MM-DDTHH:MM:SS` (as sacct prints it); '' for None."""
+    if unix is None:
+        return ""
+    return datetime.fromtimestamp(unix).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def elapsed(start: float | None, end: float | None, now: float | None = None) -> float | None:
+    """Seconds from start to end (or to now while running); None if not started."""
+    if start is None:
+        return None
+    return (end if end is not None else (now or time.time())) - start
+
+
+def parse_since(value: str, now: float | None = None) -> float:
+    """`--since`: unix seconds, an ISO date/time, or an age like `30m`, `12h`, `7d`."""
+    text = value.strip()
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    if len(text) > 1 and text[-1] in units and text[:-1].isdigit():
+        return (now or time.time()) - int(text[:-1]) * units[text[-1]]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        fail(
+            f"--since {value!r} is not a time: give an age (30m, 12h, 7d), a date "
+            "(2025-01-31[T12:00]) or unix seconds"
+        )
+
+
+def exit_status(state: str, exit_code: str | None) -> int:
+    """The process exit status `--wait` ends with: 0 for CD, else the job's code, else 1."""
+    if state == "CD":
+        return 0
+    code = (exit_code or "").split(":", 1)[0]
+    return int(code) if code.isdigit() and 0 < int(code) < 256 else 1

@@ -1,0 +1,263 @@
+"""`phalanx submit`: a YAML spec, an `#SBATCH` script, or flags + `-- CMD`, optionally waited on."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from typer.core import TyperCommand
+
+from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
+from phalanx.cli.output import TERMINAL_STATES, duration, elapsed, exit_status, fail, warn
+
+if TYPE_CHECKING:
+    from phalanx.api.models import JobInfo, JobSpec
+    from phalanx.client.api import PhalanxClient
+
+_COMMAND_KEY = "phalanx.submit.command"
+
+
+class SubmitCommand(TyperCommand):
+    """Remembers what came after `--`: that is the job's command, never a spec file."""
+
+    # `ctx` is Typer's bundled click Context; Any avoids naming Typer's private module.
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if "--" in args:
+            ctx.meta[_COMMAND_KEY] = args[args.index("--") + 1 :]
+            args = args[: args.index("--")]
+        return super().parse_args(ctx, args)
+
+
+def _opt(*names: str, help: str) -> Any:
+    return typer.Option(*names, help=help, show_default=False)
+
+
+def submit(
+    ctx: typer.Context,
+    spec_file: Annotated[
+        Path | None,
+        typer.Argument(
+            help="A YAML job spec (.yaml/.yml) or a batch script with #SBATCH lines. "
+            "To run a command instead: phalanx submit [FLAGS] -- CMD ARGS…",
+            show_default=False,
+        ),
+    ] = None,
+    job_name: Annotated[str | None, _opt("--job-name", "-J", help="Job name.")] = None,
+    nodes: Annotated[str | None, _opt("--nodes", "-N", help="Number of nodes.")] = None,
+    ntasks: Annotated[str | None, _opt("--ntasks", "-n", help="Total tasks (ranks).")] = None,
+    ntasks_per_node: Annotated[
+        str | None, _opt("--ntasks-per-node", help="Tasks per node.")
+    ] = None,
+    gres: Annotated[str | None, _opt("--gres", help="GPUs per node: gpu[:TYPE]:N.")] = None,
+    gpus: Annotated[str | None, _opt("--gpus", "-G", help="GPUs in total: [TYPE:]N.")] = None,
+    gpus_per_node: Annotated[
+        str | None, _opt("--gpus-per-node", help="GPUs per node: [TYPE:]N.")
+    ] = None,
+    gpus_per_task: Annotated[
+        str | None, _opt("--gpus-per-task", help="GPUs per task: [TYPE:]N.")
+    ] = None,
+    cpus_per_task: Annotated[
+        str | None, _opt("--cpus-per-task", "-c", help="CPUs per task.")
+    ] = None,
+    mem: Annotated[str | None, _opt("--mem", help="Memory per node, e.g. 64G.")] = None,
+    time_limit: Annotated[
+        str | None, _opt("--time", "-t", help="Time limit: MM, HH:MM:SS, D-HH:MM.")
+    ] = None,
+    partition: Annotated[str | None, _opt("--partition", "-p", help="Team to run as.")] = None,
+    qos: Annotated[str | None, _opt("--qos", "-q", help="low, normal or high.")] = None,
+    account: Annotated[str | None, _opt("--account", "-A", help="Account (recorded).")] = None,
+    output: Annotated[str | None, _opt("--output", "-o", help="stdout file pattern.")] = None,
+    error: Annotated[str | None, _opt("--error", "-e", help="stderr file pattern.")] = None,
+    dependency: Annotated[
+        str | None, _opt("--dependency", "-d", help="e.g. afterok:12:13.")
+    ] = None,
+    array: Annotated[str | None, _opt("--array", "-a", help="Array indices, e.g. 0-15%4.")] = None,
+    requeue: Annotated[
+        bool | None,
+        typer.Option("--requeue/--no-requeue", help="Requeue after node failure or preemption."),
+    ] = None,
+    signal: Annotated[
+        str | None, _opt("--signal", help="[{R|B}:]SIG[@SECONDS] before the time limit.")
+    ] = None,
+    exclusive: Annotated[
+        bool | None,
+        typer.Option("--exclusive/--oversubscribe", help="Whole nodes only for this job."),
+    ] = None,
+    launcher: Annotated[
+        str | None, _opt("--launcher", help="torchrun (one process per GPU), node or batch.")
+    ] = None,
+    workdir: Annotated[
+        str | None,
+        _opt("--workdir", "--chdir", "-D", help="Working directory (default: the current one)."),
+    ] = None,
+    export: Annotated[
+        str | None, _opt("--export", help="Environment to pass: ALL, NONE or VAR[=VALUE],…")
+    ] = None,
+    constraint: Annotated[str | None, _opt("--constraint", "-C", help="GPU model.")] = None,
+    exclude: Annotated[str | None, _opt("--exclude", "-x", help="Nodes to avoid.")] = None,
+    max_restarts: Annotated[
+        str | None, _opt("--max-restarts", help="Restarts after failures.")
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the parsed job spec; submit nothing.")
+    ] = False,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="Wait for the job to end; exit with its exit code."),
+    ] = False,
+    json_out: JsonOpt = False,
+    head: HeadOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Submit a job: a YAML spec, an #SBATCH script, or flags and a command after --.
+
+    Examples: `phalanx submit job.yaml`, `phalanx submit train.sbatch -p teamA`,
+    `phalanx submit -N 2 --gpus-per-node 8 -- python train.py`.
+    """
+    from phalanx.jobspec import SubmitOptions
+
+    command: list[str] | None = ctx.meta.get(_COMMAND_KEY)
+    cli_opts = SubmitOptions(
+        job_name=job_name,
+        nodes=nodes,
+        ntasks=ntasks,
+        ntasks_per_node=ntasks_per_node,
+        gres=gres,
+        gpus=gpus,
+        gpus_per_node=gpus_per_node,
+        gpus_per_task=gpus_per_task,
+        cpus_per_task=cpus_per_task,
+        mem=mem,
+        time=time_limit,
+        partition=partition,
+        qos=qos,
+        account=account,
+        output=output,
+        error=error,
+        dependency=dependency,
+        array=array,
+        requeue=requeue,
+        signal=signal,
+        exclusive=exclusive,
+        launcher=launcher,
+        workdir=workdir,
+        export=export,
+        constraint=constraint,
+        exclude=exclude,
+        max_restarts=max_restarts,
+    )
+    spec = _build(spec_file, command, cli_opts)
+    if dry_run:
+        sys.stdout.write(spec.model_dump_json(indent=2, exclude_defaults=not json_out) + "\n")
+        return
+    with connect(head, token) as client:
+        answer = client.submit(spec)
+        for message in answer.warnings:
+            warn(message)
+        if json_out:
+            sys.stdout.write(answer.model_dump_json(indent=2) + "\n")
+        elif answer.array_job_id is not None:
+            typer.echo(f"Submitted array job {answer.array_job_id} ({len(answer.job_ids)} tasks)")
+        else:
+            typer.echo(f"Submitted job {answer.job_ids[0]}")
+        sys.stdout.flush()
+        if wait:
+            raise typer.Exit(_wait(client, answer.job_ids))
+
+
+def _build(spec_file: Path | None, command: list[str] | None, cli_opts: Any) -> JobSpec:
+    """Parse whichever input was given into one JobSpec; bad input exits 2 with a message."""
+    import dataclasses
+
+    from phalanx.jobspec import JobSpecError, build_spec, load_yaml, merge, parse_sbatch
+
+    cwd, environ = os.getcwd(), dict(os.environ)
+    try:
+        if command is not None:
+            if spec_file is not None:
+                fail(f"give either a spec file ({spec_file}) or a command after --, not both")
+            if not command:
+                fail("no command after --: phalanx submit [FLAGS] -- CMD ARGS…")
+            spec, warnings = build_spec(
+                cli_opts, command=command, script=None, cwd=cwd, environ=environ
+            )
+        elif spec_file is None:
+            fail(
+                "nothing to submit: give a YAML spec, an #SBATCH script, "
+                "or a command after --  (phalanx submit [FLAGS] -- CMD ARGS…)"
+            )
+        else:
+            text = _read(spec_file)
+            if spec_file.suffix.lower() in (".yaml", ".yml"):
+                given = [k for k, v in dataclasses.asdict(cli_opts).items() if v is not None]
+                if given:
+                    flags = ", ".join("--" + k.replace("_", "-") for k in given)
+                    fail(f"{flags}: set these in {spec_file} (flags do not apply to a YAML spec)")
+                spec, warnings = load_yaml(text, cwd=cwd, environ=environ)
+            else:
+                script_opts, warnings = parse_sbatch(text)
+                spec, more = build_spec(
+                    merge(script_opts, cli_opts),
+                    command=None,
+                    script=text,
+                    cwd=cwd,
+                    environ=environ,
+                    script_name=spec_file.name,
+                )
+                warnings = [*warnings, *more]
+    except JobSpecError as exc:
+        where = f"{spec_file}: " if spec_file is not None and command is None else ""
+        fail(f"{where}{exc}")
+    for message in warnings:
+        warn(message)
+    return spec
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        fail(f"{path}: no such file (to run a command, put it after --: phalanx submit -- CMD)")
+    except IsADirectoryError:
+        fail(f"{path} is a directory, not a YAML spec or batch script")
+    except UnicodeDecodeError:
+        fail(f"{path} is not a text file (a YAML spec or batch script is expected)")
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror}")
+
+
+def _status_line(jobs: list[JobInfo], now: float) -> str:
+    job = jobs[0]
+    label = f"job {job.id}" if len(jobs) == 1 else f"{len(jobs)} jobs"
+    states = ",".join(sorted({j.state for j in jobs}))
+    reason = job.reason_message or job.reason
+    started = elapsed(job.start_time, job.end_time, now)
+    parts = [f"{label}: {states}", f"elapsed {duration(started or 0)}"]
+    if job.state == "PD" and reason:
+        parts.append(reason)
+    if job.exit_code and job.state in TERMINAL_STATES:
+        parts.append(f"exit {job.exit_code}")
+    return "  ".join(parts)
+
+
+def _wait(client: PhalanxClient, job_ids: list[int], poll_s: float = 0.5) -> int:
+    """Show a live status line until every job has ended; the exit status to end with."""
+    from rich.live import Live
+    from rich.text import Text
+
+    from phalanx.cli.output import console
+
+    err = console(stderr=True)
+    with Live(Text(""), console=err, transient=False, auto_refresh=False) as live:
+        while True:
+            infos = [client.job(job_id).job for job_id in job_ids]
+            live.update(Text(_status_line(infos, time.time())), refresh=True)
+            if all(j.state in TERMINAL_STATES for j in infos):
+                break
+            time.sleep(poll_s)
+    codes = [exit_status(j.state, j.exit_code) for j in infos]
+    return next((c for c in codes if c), 0)

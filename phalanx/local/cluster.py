@@ -1,0 +1,317 @@
+"""`LocalCluster`: a head and N agents on 127.0.0.2… as real subprocesses (`phalanx up`, tests)."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+from phalanx.client.api import ApiError, PhalanxClient
+
+_LISTENING = re.compile(r"head listening on (https?://\S+)")
+_PR_SET_PDEATHSIG = 1
+# The client's and other local clusters' credentials must not leak into our processes.
+_SCRUBBED_ENV = ("PHALANX_HEAD", "PHALANX_TOKEN", "PHALANX_JOIN_TOKEN")
+
+
+class ClusterError(Exception):
+    """The local cluster could not start (the message includes the failing process's log)."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on `host` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the parent dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty log)"
+
+
+class _Proc:
+    """One child process in its own process group, its output going to a log file."""
+
+    def __init__(self, label: str, argv: list[str], log: Path, env: dict[str, str]) -> None:
+        self.label = label
+        self.log = log
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file: IO[bytes] = log.open("ab")
+        self.popen = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own group: we signal it and its children together
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.popen.pid, sig)
+
+    def failure(self, what: str) -> str:
+        code = self.popen.poll()
+        status = "is running" if code is None else f"exited with code {code}"
+        return f"{what}: {self.label} {status}; last lines of {self.log}:\n{_tail(self.log)}"
+
+    def close_log(self) -> None:
+        self._log_file.close()
+
+
+class LocalCluster:
+    """A head and `nodes` agents with fake GPUs, each agent on its own 127.0.0.N (N from 2).
+
+    State lives under `state_dir` (head in `head/`, agents in `agent-127.0.0.N/`, process
+    logs in `logs/`). Use as a context manager, or call `start()` and `stop()`; the
+    processes are also stopped at interpreter exit and get SIGTERM if this process dies.
+    """
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        nodes: int = 2,
+        gpus_per_node: int = 4,
+        gpu_model: str = "H100",
+        port: int | None = None,
+        db_url: str | None = None,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        if nodes < 1 or nodes > 253:
+            raise ClusterError(f"nodes must be between 1 and 253 (got {nodes})")
+        if gpus_per_node < 1:
+            raise ClusterError(f"gpus_per_node must be at least 1 (got {gpus_per_node})")
+        self.state_dir = Path(state_dir).resolve()
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+        self.gpu_model = gpu_model
+        self.port = port
+        self.db_url = db_url
+        self.start_timeout_s = start_timeout_s
+        self.addresses = [f"127.0.0.{i + 2}" for i in range(nodes)]
+        self._head: _Proc | None = None
+        self._agents: list[_Proc] = []
+        self._url: str | None = None
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def head_dir(self) -> Path:
+        """The head's state dir (database, admin.token, join.token)."""
+        return self.state_dir / "head"
+
+    @property
+    def log_dir(self) -> Path:
+        """Where each process's stdout+stderr goes (`head.log`, `agent-127.0.0.N.log`)."""
+        return self.state_dir / "logs"
+
+    @property
+    def admin_token_file(self) -> Path:
+        """The file the head writes its admin token to."""
+        return self.head_dir / "admin.token"
+
+    @property
+    def url(self) -> str:
+        """The head's URL (after `start()`)."""
+        if self._url is None:
+            raise ClusterError("the cluster is not started")
+        return self._url
+
+    @property
+    def admin_token(self) -> str:
+        """The admin API token the head wrote on first start."""
+        return self._read_token(self.admin_token_file)
+
+    @property
+    def join_token(self) -> str:
+        """The token agents join with."""
+        return self._read_token(self.head_dir / "join.token")
+
+    def client(self, token: str | None = None) -> PhalanxClient:
+        """A client for the head, as admin unless another token is given."""
+        return PhalanxClient(self.url, token or self.admin_token)
+
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """The head and agent processes (to check they are alive, or their pids)."""
+        procs = [self._head] if self._head else []
+        return [p.popen for p in [*procs, *self._agents]]
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start the head, then the agents; return once every node is up.
+
+        Raises ClusterError (everything already started is stopped again).
+        """
+        if self._head is not None:
+            raise ClusterError("the cluster is already started")
+        atexit.register(self.stop)
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        self.head_dir.mkdir(parents=True, exist_ok=True)
+        port = self.port if self.port is not None else free_port()
+        argv = [*self._phalanx(), "head", "--state-dir", str(self.head_dir)]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        if self.db_url:
+            argv += ["--db", self.db_url]
+        head_log = self.log_dir / "head.log"
+        start_offset = head_log.stat().st_size if head_log.exists() else 0
+        self._head = _Proc("head", argv, head_log, self._env())
+        self._url = self._wait_listening(self._head, start_offset, deadline)
+        self._wait_healthy(deadline)
+        join_env = {**self._env(), "PHALANX_JOIN_TOKEN": self.join_token}
+        for address in self.addresses:
+            agent_argv = [*self._phalanx(), "agent", "--head", self.url, "--address", address]
+            agent_argv += ["--name", address, "--port", "0"]
+            agent_argv += ["--fake-gpus", str(self.gpus_per_node), "--gpu-model", self.gpu_model]
+            agent_argv += ["--state-dir", str(self.state_dir / f"agent-{address}")]
+            log = self.log_dir / f"agent-{address}.log"
+            self._agents.append(_Proc(f"agent {address}", agent_argv, log, join_env))
+        self._wait_nodes(deadline)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every process group, wait up to `grace_s`, then SIGKILL what is left.
+
+        Agents go first (they stop their jobs), then the head. Safe to call twice.
+        """
+        atexit.unregister(self.stop)
+        for group in (self._agents, [self._head] if self._head else []):
+            for proc in group:
+                if proc.alive():
+                    proc.signal_group(signal.SIGTERM)
+            deadline = time.monotonic() + grace_s
+            for proc in group:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            for proc in group:
+                # Also catch grandchildren (job processes) left in the group after the leader.
+                proc.signal_group(signal.SIGKILL)
+                proc.popen.wait()
+                proc.close_log()
+        self._agents = []
+        self._head = None
+        self._url = None
+
+    # ------------------------------------------------------------------ helpers
+    @staticmethod
+    def _phalanx() -> list[str]:
+        return [sys.executable, "-m", "phalanx.cli.main"]
+
+    @staticmethod
+    def _env() -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_ENV}
+        env["PYTHONUNBUFFERED"] = "1"  # logs reach the file as they are written
+        return env
+
+    @staticmethod
+    def _read_token(path: Path) -> str:
+        try:
+            return path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ClusterError(f"cannot read {path}: {exc.strerror}") from None
+
+    def check(self) -> None:
+        """Raise ClusterError (with the log tail) if any process of the cluster has exited."""
+        self._check_alive("a cluster process stopped")
+
+    def _check_alive(self, what: str) -> None:
+        for proc in [*([self._head] if self._head else []), *self._agents]:
+            if not proc.alive():
+                raise ClusterError(proc.failure(what))
+
+    def _wait_listening(self, head: _Proc, offset: int, deadline: float) -> str:
+        while True:
+            with contextlib.suppress(OSError), head.log.open("rb") as f:
+                f.seek(offset)
+                match = _LISTENING.search(f.read().decode("utf-8", "replace"))
+                if match:
+                    return match.group(1).rstrip("/")
+            self._check_alive("the head did not start")
+            if time.monotonic() > deadline:
+                raise ClusterError(head.failure("the head did not start in time"))
+            time.sleep(0.1)
+
+    def _wait_healthy(self, deadline: float) -> None:
+        with PhalanxClient(self.url, None, timeout=5.0) as client:
+            while True:
+                try:
+                    client.health()
+                    break
+                except ApiError as exc:
+                    last = exc
+                self._check_alive("the head did not become healthy")
+                if time.monotonic() > deadline:
+                    assert self._head is not None
+                    raise ClusterError(self._head.failure(f"/healthz failed: {last}"))
+                time.sleep(0.1)
+        while not (self.head_dir / "join.token").exists():
+            self._check_alive("the head wrote no join token")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the head wrote no {self.head_dir / 'join.token'}")
+            time.sleep(0.1)
+
+    def _wait_nodes(self, deadline: float) -> None:
+        expected = set(self.addresses)
+        with self.client() as client:
+            while True:
+                try:
+                    listed = client.nodes().nodes
+                    up = {n.name for n in listed if n.state == "up"}
+                    missing = sorted(expected - up)
+                except ApiError as exc:
+                    missing, up = [f"(nodes unreadable: {exc})"], set()
+                if not missing:
+                    return
+                self._check_alive("an agent stopped while joining")
+                if time.monotonic() > deadline:
+                    agents = {a.label.removeprefix("agent "): a for a in self._agents}
+                    late = agents.get(missing[0])
+                    detail = late.failure("it did not join") if late else ""
+                    raise ClusterError(
+                        f"nodes not up after {self.start_timeout_s:.0f}s: "
+                        f"{', '.join(missing)}. {detail}"
+                    )
+                time.sleep(0.2)

@@ -1,0 +1,127 @@
+"""The CLI against a real local cluster: a head and two agents with two fake GPUs each."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from phalanx.api.models import JobDetail, JobList, NodeList, WhoAmI
+from phalanx.local import LocalCluster
+from tests.cli.conftest import invoke, run_cli
+
+HELLO = ("python", "-c", "import os; print('hi from rank', os.environ['RANK'])")
+
+
+def _detail(env: dict[str, str], job_id: int) -> JobDetail:
+    result = invoke("show", str(job_id), "--json", env=env)
+    assert result.exit_code == 0, result.stderr
+    return JobDetail.model_validate_json(result.stdout)
+
+
+def _wait_state(env: dict[str, str], job_id: int, states: set[str], timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        state = _detail(env, job_id).job.state
+        if state in states or time.monotonic() > deadline:
+            return state
+        time.sleep(0.2)
+
+
+def test_nodes_lists_both_agents(cluster: LocalCluster, admin_env: dict[str, str]) -> None:
+    result = invoke("nodes", "--json", env=admin_env)
+    assert result.exit_code == 0, result.stderr
+    listed = NodeList.model_validate_json(result.stdout)
+    assert sorted(n.name for n in listed.nodes) == ["127.0.0.2", "127.0.0.3"]
+    assert all(n.state == "up" and len(n.gpus) == 2 for n in listed.nodes)
+    table = invoke("nodes", env=admin_env).stdout
+    assert "127.0.0.2" in table and "127.0.0.3" in table and "/2" in table
+
+
+def test_whoami_is_admin(cluster: LocalCluster, admin_env: dict[str, str]) -> None:
+    result = invoke("whoami", "--json", env=admin_env)
+    assert WhoAmI.model_validate_json(result.stdout).role == "admin"
+
+
+def test_submit_wait_then_show_logs_history(
+    cluster: LocalCluster, admin_env: dict[str, str], tmp_path: Path
+) -> None:
+    proc = run_cli(
+        "submit", "-J", "hello", "-N", "2", "--gpus-per-node", "1", "--wait", "--", *HELLO,
+        env=admin_env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    job_id = int(proc.stdout.split("Submitted job ")[1].split()[0])
+    assert f"job {job_id}: CD" in proc.stderr  # the final status line
+
+    detail = _detail(admin_env, job_id)
+    assert detail.job.state == "CD" and detail.job.exit_code == "0:0"
+    assert detail.spec.workdir == str(tmp_path)
+    assert sorted({p.node for p in detail.job.placement}) == ["127.0.0.2", "127.0.0.3"]
+    assert detail.events[0].kind == "submitted"
+    shown = invoke("show", str(job_id), env=admin_env).stdout
+    assert "hello" in shown and "127.0.0.3" in shown
+
+    assert invoke("logs", str(job_id), env=admin_env).stdout == "hi from rank 0\n"
+    rank1 = invoke("logs", str(job_id), "--rank", "1", "-f", env=admin_env)
+    assert rank1.stdout == "hi from rank 1\n"
+
+    history = invoke("history", "--since", "1h", "--json", env=admin_env)
+    ended = JobList.model_validate_json(history.stdout).jobs
+    assert any(j.id == job_id and j.state == "CD" for j in ended)
+    table = invoke("history", env=admin_env).stdout
+    line = next(row for row in table.splitlines() if row.startswith(f"{job_id} "))
+    assert "hello" in line and "CD" in line and "0:0" in line
+
+
+def test_wait_exits_with_the_jobs_exit_code(
+    cluster: LocalCluster, admin_env: dict[str, str], tmp_path: Path
+) -> None:
+    proc = run_cli(
+        "submit", "--wait", "--", "python", "-c", "import sys; sys.exit(3)",
+        env=admin_env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert re.search(r"job \d+: F .*exit 3:0", proc.stderr), proc.stderr
+
+
+def test_queue_then_cancel(cluster: LocalCluster, admin_env: dict[str, str]) -> None:
+    sleeper = ("python", "-c", "import time; time.sleep(120)")
+    result = invoke("submit", "-J", "sleeper", "--json", "--", *sleeper, env=admin_env)
+    assert result.exit_code == 0, result.stderr
+    job_id = json.loads(result.stdout)["job_ids"][0]
+    assert _wait_state(admin_env, job_id, {"R"}) == "R"
+
+    queued = invoke("queue", "--json", "--state", "R", env=admin_env)
+    assert job_id in [j.id for j in JobList.model_validate_json(queued.stdout).jobs]
+    table = invoke("queue", "--me", env=admin_env).stdout
+    line = next(row for row in table.splitlines() if row.startswith(f"{job_id} "))
+    assert "sleeper" in line and " R " in line and "127.0.0." in line
+
+    cancelled = invoke("cancel", str(job_id), env=admin_env)
+    assert cancelled.exit_code == 0, cancelled.stderr
+    assert _wait_state(admin_env, job_id, {"CA"}) == "CA"
+    after = invoke("queue", "--json", env=admin_env)
+    assert job_id not in [j.id for j in JobList.model_validate_json(after.stdout).jobs]
+
+
+def test_unknown_job_is_a_one_line_error(cluster: LocalCluster, admin_env: dict[str, str]) -> None:
+    result = invoke("show", "999999", env=admin_env)
+    assert result.exit_code == 2
+    assert result.stderr.startswith("error: ") and "999999" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_new_user_with_a_token_sees_only_their_jobs(
+    cluster: LocalCluster, admin_env: dict[str, str]
+) -> None:
+    assert invoke("admin", "team", "set", "ml", "--quota", "2", env=admin_env).exit_code == 0
+    added = invoke("admin", "user", "add", "alice", "--team", "ml", env=admin_env)
+    assert added.exit_code == 0, added.stderr
+    token = invoke("admin", "token", "create", "alice", env=admin_env).stdout.strip()
+    alice = {"PHALANX_HEAD": cluster.url, "PHALANX_TOKEN": token}
+    me = WhoAmI.model_validate_json(invoke("whoami", "--json", env=alice).stdout)
+    assert (me.user, me.role, me.teams) == ("alice", "user", ["ml"])
+    denied = invoke("drain", "127.0.0.2", "--reason", "x", env=alice)
+    assert denied.exit_code == 2 and "HTTP 403" in denied.stderr

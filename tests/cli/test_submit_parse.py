@@ -1,0 +1,101 @@
+"""`phalanx submit --dry-run`: YAML, flags and `#SBATCH` scripts give the same spec; bad
+input exits 2 with one line and no traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cli.conftest import invoke, run_cli
+
+YAML = """\
+name: hello
+nodes: 2
+gpus_per_node: 2
+time_limit_s: 600
+team: ml
+command: ["python", "-c", "print('hi')"]
+"""
+SCRIPT = """\
+#!/bin/bash
+#SBATCH -J hello
+#SBATCH -N 2
+#SBATCH --gpus-per-node=2
+#SBATCH -t 10:00
+#SBATCH -p ml
+python -c "print('hi')"
+"""
+FLAGS = ("-J", "hello", "-N", "2", "--gpus-per-node", "2", "-t", "10", "-p", "ml")
+
+
+def _dry_run(*args: str) -> dict[str, Any]:
+    result = invoke("submit", "--dry-run", "--json", *args)
+    assert result.exit_code == 0, result.stderr
+    spec: dict[str, Any] = json.loads(result.stdout)
+    return spec
+
+
+@pytest.fixture
+def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    (tmp_path / "job.yaml").write_text(YAML)
+    (tmp_path / "train.sbatch").write_text(SCRIPT)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_yaml_flags_and_script_give_the_same_spec(files: Path) -> None:
+    from_yaml = _dry_run("job.yaml")
+    from_flags = _dry_run(*FLAGS, "--", "python", "-c", "print('hi')")
+    from_script = _dry_run("train.sbatch")
+    assert from_yaml == from_flags
+    assert from_yaml["nodes"] == 2 and from_yaml["gpus_per_node"] == 2
+    assert from_yaml["time_limit_s"] == 600 and from_yaml["team"] == "ml"
+    assert from_yaml["workdir"] == str(files)  # --workdir defaults to the current dir
+    assert from_script["launcher"] == "batch" and from_script["script"] == SCRIPT
+    assert from_script["command"] is None
+    different = {"command", "script", "launcher"}
+    assert {k: v for k, v in from_script.items() if k not in different} == {
+        k: v for k, v in from_yaml.items() if k not in different
+    }
+
+
+def test_cli_flags_override_the_script(files: Path) -> None:
+    spec = _dry_run("train.sbatch", "-N", "1", "--gres", "gpu:1", "-D", str(files / "w"))
+    assert (spec["nodes"], spec["gpus_per_node"]) == (1, 1)
+    assert spec["workdir"] == str(files / "w")
+    assert spec["name"] == "hello"
+
+
+def test_a_command_after_dashes_is_never_a_spec_file(files: Path) -> None:
+    spec = _dry_run("--launcher", "node", "--", "train.sbatch", "--epochs", "3")
+    assert spec["command"] == ["train.sbatch", "--epochs", "3"]
+    assert spec["launcher"] == "node" and spec["script"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("--dry-run",), "error: nothing to submit"),
+        (("--dry-run", "missing.sbatch"), "error: missing.sbatch: no such file"),
+        (("--dry-run", "-N", "two", "--", "true"), "error: --nodes=two"),
+        (("--dry-run", "job.yaml", "-N", "3"), "error: --nodes: set these in job.yaml"),
+        (("--dry-run", "job.yaml", "--", "ls"), "error: give either a spec file"),
+        (("--dry-run", "--"), "error: no command after --"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(files: Path, args: tuple[str, ...], message: str) -> None:
+    result = invoke("submit", *args)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bad_yaml_as_a_real_process_has_no_traceback(files: Path) -> None:
+    (files / "bad.yaml").write_text("nodes: [1, 2\n")
+    proc = run_cli("submit", "--dry-run", "bad.yaml", cwd=files)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: bad.yaml: ")
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
