@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint typecheck unit demo bench clean
+.PHONY: venv test lint typecheck unit demo sim-demo bench clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -23,11 +23,14 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 unit: $(STAMP)
-	$(BIN)/pytest -n 2 -q
+	$(BIN)/pytest -n 2 --dist loadscope -q
 
 test: lint typecheck unit
 
 demo: $(STAMP)
+	$(BIN)/python -m phalanx.local.demo
+
+sim-demo: $(STAMP)
 	$(BIN)/python -m phalanx.sim.demo
 
 bench: $(STAMP)

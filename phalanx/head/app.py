@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
 from typing import Annotated, Any, Literal
 
 import httpx
@@ -12,6 +12,7 @@ from fastapi import Depends, FastAPI, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from phalanx import __version__
 from phalanx.api import models as m
@@ -43,7 +44,7 @@ BAD_GATEWAY: dict[int | str, dict[str, Any]] = {
 }
 
 
-def principal(
+async def principal(
     request: Request,
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
@@ -54,16 +55,63 @@ def principal(
 Who = Annotated[Principal, Depends(principal)]
 
 
-def _user(who: Who) -> Principal:
+async def _user(who: Who) -> Principal:
     return Head.require_user(who)
 
 
-def _admin(who: Who) -> Principal:
+async def _admin(who: Who) -> Principal:
     return Head.require_admin(who)
 
 
 User = Annotated[Principal, Depends(_user)]
 Admin = Annotated[Principal, Depends(_admin)]
+
+
+class BodyLimit:
+    """Refuse bodies over MAX_BODY_BYTES with 413, by Content-Length or while streaming
+    (a plain ASGI middleware: Starlette's BaseHTTPMiddleware costs too much per request)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers", []))
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+            await _too_large()(scope, receive, send)
+            return
+        seen = 0
+        too_large = False
+
+        async def limited() -> Message:
+            nonlocal seen, too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > MAX_BODY_BYTES:
+                    too_large = True
+                    raise _BodyTooLarge
+            return message
+
+        async def guarded(message: Message) -> None:
+            if not too_large:  # past the limit, the app's own answer (400) is replaced
+                await send(message)
+
+        with suppress(_BodyTooLarge):
+            await self.app(scope, limited, guarded)
+        if too_large:
+            await _too_large()(scope, receive, send)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def _too_large() -> JSONResponse:
+    return _json(413, f"request body larger than {MAX_BODY_BYTES} bytes")
 
 
 def create_app(head: Head) -> FastAPI:
@@ -83,21 +131,7 @@ def create_app(head: Head) -> FastAPI:
     )
     app.state.head = head
 
-    @app.middleware("http")
-    async def limit_body(
-        request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-            return _json(413, f"request body larger than {MAX_BODY_BYTES} bytes")
-        if request.method in ("POST", "PUT", "PATCH") and length is None:
-            body = b""
-            async for chunk in request.stream():
-                body += chunk
-                if len(body) > MAX_BODY_BYTES:
-                    return _json(413, f"request body larger than {MAX_BODY_BYTES} bytes")
-            request._body = body  # already read: hand it on to the route
-        return await call_next(request)
+    app.add_middleware(BodyLimit)
 
     @app.exception_handler(HeadError)
     async def _head_error(_r: Request, e: HeadError) -> JSONResponse:
@@ -156,6 +190,9 @@ def create_app(head: Head) -> FastAPI:
         "/v1/jobs/{job_id}/cancel", response_model=m.JobInfo, responses={**NOT_FOUND, **CONFLICT}
     )
     def cancel(job_id: int, who: User, body: m.CancelRequest | None = None) -> m.JobInfo:
+        if body is not None and body.signal is not None:
+            # Sending a signal without ending the job comes with cooperative preemption.
+            raise HeadError(422, "cancel --signal is not supported yet; cancel ends the job")
         return head.cancel(who, job_id)
 
     @app.get(
