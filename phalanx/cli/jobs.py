@@ -18,6 +18,7 @@ from phalanx.cli.output import (
     fail,
     parse_since,
     print_json,
+    print_table,
     timestamp,
 )
 
@@ -67,8 +68,6 @@ def queue(
     token: TokenOpt = None,
 ) -> None:
     """List pending and running jobs (like squeue)."""
-    from rich.markup import escape
-    from rich.table import Table
 
     states = _states(state)
     if me and user:
@@ -81,24 +80,24 @@ def queue(
         print_json(jobs)
         return
     now = time.time()
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("JOBID", "NAME", "USER", "TEAM", "ST", "TIME", "NODES", "GPUS"):
-        table.add_column(column, justify="right" if column in ("TIME", "NODES", "GPUS") else "left")
-    table.add_column("NODELIST(REASON)")
-    for job in jobs.jobs:
-        where = nodelist(job) if job.placement else f"({job.reason or 'None'})"
-        table.add_row(
+    columns = [("JOBID", False), ("NAME", False), ("USER", False), ("TEAM", False)]
+    columns += [("ST", False), ("TIME", True), ("NODES", True), ("GPUS", True)]
+    columns += [("NODELIST(REASON)", False)]
+    rows = [
+        [
             job_id_label(job),
-            escape(job.name),
+            job.name,
             job.user,
             job.team,
-            _styled(job.state),
+            job.state,
             duration(elapsed(job.start_time, job.end_time, now) or 0),
             str(job.nodes),
             str(job.nodes * job.gpus_per_node),
-            escape(where),
-        )
-    console().print(table)
+            nodelist(job) if job.placement else f"({job.reason or 'None'})",
+        ]
+        for job in jobs.jobs
+    ]
+    print_table(columns, rows, {4: STATE_STYLE})
 
 
 def history(
@@ -117,8 +116,6 @@ def history(
     token: TokenOpt = None,
 ) -> None:
     """List jobs that ended (like sacct)."""
-    from rich.markup import escape
-    from rich.table import Table
 
     states = _states(state)
     since_unix = parse_since(since) if since else None
@@ -129,24 +126,24 @@ def history(
     if json_out:
         print_json(jobs)
         return
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("JOBID", "NAME", "USER", "TEAM", "STATE", "EXITCODE", "ELAPSED"):
-        table.add_column(column, justify="right" if column == "ELAPSED" else "left")
-    table.add_column("START")
-    table.add_column("END")
-    for job in jobs.jobs:
-        table.add_row(
+    columns = [("JOBID", False), ("NAME", False), ("USER", False), ("TEAM", False)]
+    columns += [("STATE", False), ("EXITCODE", False), ("ELAPSED", True)]
+    columns += [("START", False), ("END", False)]
+    rows = [
+        [
             job_id_label(job),
-            escape(job.name),
+            job.name,
             job.user,
             job.team,
-            _styled(job.state),
+            job.state,
             job.exit_code or "",
             duration(elapsed(job.start_time, job.end_time)),
             timestamp(job.start_time) or "Unknown",
             timestamp(job.end_time) or "Unknown",
-        )
-    console().print(table)
+        ]
+        for job in jobs.jobs
+    ]
+    print_table(columns, rows, {4: STATE_STYLE})
 
 
 def cancel(

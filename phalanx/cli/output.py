@@ -14,7 +14,17 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 TERMINAL_STATES = frozenset({"CD", "F", "CA", "TO", "NF"})
-STATE_STYLE = {"PD": "yellow", "R": "green", "CG": "cyan", "CD": "green", "PR": "magenta"}
+STATE_STYLE = {
+    "PD": "yellow",
+    "R": "green",
+    "CG": "cyan",
+    "CD": "green",
+    "PR": "magenta",
+    "F": "red",
+    "CA": "red",
+    "TO": "red",
+    "NF": "red",
+}
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -98,3 +108,54 @@ def exit_status(state: str, exit_code: str | None) -> int:
         return 0
     code = (exit_code or "").split(":", 1)[0]
     return int(code) if code.isdigit() and 0 < int(code) < 256 else 1
+
+
+# Rich lays a table out cell by cell: fine for a screenful, seconds for 10,000 rows.
+RICH_ROWS_MAX = 300
+
+
+def print_table(
+    columns: list[tuple[str, bool]],
+    rows: list[list[str]],
+    styles: dict[int, dict[str, str]] | None = None,
+) -> None:
+    """Print rows under `(title, right_aligned)` columns, squeue-style.
+
+    A Rich table (with `styles`: column → value → style) for small listings on a terminal;
+    plain fixed-width text otherwise, which stays fast at 10,000+ rows.
+    """
+    if len(rows) <= RICH_ROWS_MAX and sys.stdout.isatty():
+        from rich.markup import escape
+        from rich.table import Table
+
+        table = Table(box=None, pad_edge=False, header_style="bold")
+        for title, right in columns:
+            table.add_column(title, justify="right" if right else "left")
+        for row in rows:
+            cells = []
+            for i, value in enumerate(row):
+                style = (styles or {}).get(i, {}).get(value)
+                cells.append(f"[{style}]{escape(value)}[/{style}]" if style else escape(value))
+            table.add_row(*cells)
+        console().print(table)
+        return
+    widths = [len(title) for title, _ in columns]
+    for row in rows:
+        for i, value in enumerate(row):
+            if len(value) > widths[i]:
+                widths[i] = len(value)
+    last = len(columns) - 1
+
+    def line(values: list[str]) -> str:
+        parts = []
+        for i, value in enumerate(values):
+            if columns[i][1]:
+                parts.append(value.rjust(widths[i]))
+            else:
+                parts.append(value if i == last else value.ljust(widths[i]))
+        return "  ".join(parts)
+
+    out = [line([title for title, _ in columns])]
+    out.extend(line(row) for row in rows)
+    sys.stdout.write("\n".join(out) + "\n")
+    sys.stdout.flush()
