@@ -138,10 +138,22 @@ class JobEvent(Wire):
     node: str | None = None
 
 
+class JobProgress(Wire):
+    """A training progress report a job posts (phalanx.train does, with its step token)."""
+
+    rank: Annotated[int, Field(ge=0)]
+    step: Annotated[int, Field(ge=0)]
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    time: float
+
+
 class JobDetail(Wire):
     job: JobInfo
     spec: JobSpec
     events: list[JobEvent]
+    progress: list[JobProgress] = []  # the latest report of each reporting rank (live jobs)
 
 
 class JobList(Wire):

@@ -225,6 +225,15 @@ def create_app(head: Head) -> FastAPI:
             raise HeadError(502, f"node {node.name} answered {r.status_code}")
         return m.LogChunk.model_validate_json(r.content)
 
+    @app.post("/v1/jobs/{job_id}/progress", status_code=204)
+    async def progress(
+        job_id: int,
+        body: m.JobProgress,
+        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> Response:
+        head.record_progress(job_id, creds.credentials if creds else None, body)
+        return Response(status_code=204)
+
     # ----------------------------------------------------------------- nodes
     @app.get("/v1/nodes", response_model=m.NodeList)
     def nodes(who: User) -> m.NodeList:

@@ -103,6 +103,7 @@ def _reset_allocation(rec: JobRecord, keep_placement: bool = False) -> None:
     rec.ranks = {}
     rec.stop_version = {}
     rec.all_running_at = None
+    rec.progress = {}
 
 
 def cancel(mirror: Mirror, tx: Tx, rec: JobRecord, now: float, by: str) -> None:

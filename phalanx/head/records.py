@@ -10,6 +10,7 @@ from typing import Any
 from phalanx.api.models import (
     GpuInfo,
     JobInfo,
+    JobProgress,
     JobSpec,
     NodeInfo,
     ProcessStatus,
@@ -53,6 +54,7 @@ class JobRecord:
     stop_version: dict[str, int] = field(default_factory=dict)
     all_running_at: float | None = None
     in_core: bool = False
+    progress: dict[int, JobProgress] = field(default_factory=dict)  # rank → latest report
 
     @property
     def terminal(self) -> bool:

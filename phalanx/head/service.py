@@ -127,7 +127,18 @@ class Head:
             events = store.job_events(conn, job_id)
         with self.control.lock:
             info = rec.info(self.mirror.addresses(), pending_reason(self.mirror, rec))
-        return m.JobDetail(job=info, spec=rec.spec, events=events)
+            progress = [rec.progress[r] for r in sorted(rec.progress)]
+        return m.JobDetail(job=info, spec=rec.spec, events=events, progress=progress)
+
+    def record_progress(self, job_id: int, token: str | None, report: m.JobProgress) -> None:
+        """A running job's own report, authenticated by its step token (PHALANX_STEP_TOKEN)."""
+        with self.control.lock:
+            rec = self.mirror.jobs.get(job_id)
+            if not token or rec is None or rec.step_token is None:
+                raise AuthError("progress needs the running job's PHALANX_STEP_TOKEN")
+            if not auth.same_secret(token, rec.step_token):
+                raise AuthError("not this job's step token")
+            rec.progress[report.rank] = report
 
     def log_source(self, rec: JobRecord, rank: int) -> NodeRecord:
         """The node that holds rank `rank`'s logs."""
