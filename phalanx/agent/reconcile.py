@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -151,6 +152,7 @@ class Reconciler:
         for rank, local in ranks:
             launch.ranks[rank] = local
             out, err = self._log_paths(a, rank)
+            _link_default_paths(self.ctx.state_dir, a, rank, out, err)
             pkey = rank_key(a.job_id, a.epoch, rank)
             if problem is not None:
                 self.procs.fail(pkey, problem, code=EXIT_CANNOT_START, stdout=out, stderr=err)
@@ -300,6 +302,17 @@ def _status(job_id: int, epoch: int, rank: int, local: int, s: ProcState) -> Pro
         started_at=s.started_at,
         ended_at=s.ended_at,
     )
+
+
+def _link_default_paths(state_dir: Path, a: Assignment, rank: int, out: Path, err: Path) -> None:
+    """Point a rank's default log paths at its `-o`/`-e` files: once the job ends and this
+    node forgets the launch, logs are found on disk by their default paths (API, restarts)."""
+    defaults = logfiles.rank_paths(state_dir, a.job_id, a.epoch, rank)
+    for default, actual in zip(defaults, (out, err), strict=True):
+        if default != actual:
+            default.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                default.symlink_to(actual)
 
 
 def script_argv(script: str, path: Path) -> list[str]:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 62  # the core's per-node bitmask limit
 MAX_ARRAY_TASKS = 10_000
+MAX_INT32 = 2**31 - 1  # ids and counts stored in 32-bit database columns
 
 Launcher = Literal["torchrun", "node", "batch"]
 JobStateCode = Literal["PD", "R", "CG", "CD", "F", "CA", "TO", "NF", "PR"]
@@ -34,7 +35,7 @@ class Wire(BaseModel):
 # ----------------------------------------------------------------------------- job spec
 class DependencySpec(Wire):
     type: DependencyType
-    job_ids: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+    job_ids: list[Annotated[int, Field(ge=1, le=MAX_INT32)]] = Field(min_length=1)
 
 
 class ArraySpec(Wire):
@@ -222,8 +223,8 @@ class RegisterRequest(Wire):
     address: str
     agent_url: str  # where the agent's own API listens (logs, srun steps)
     agent_secret: Annotated[str, StringConstraints(min_length=16, max_length=256)]
-    cpus: Annotated[int, Field(ge=1)]
-    memory_mb: Annotated[int, Field(ge=1)]
+    cpus: Annotated[int, Field(ge=1, le=MAX_INT32)]
+    memory_mb: Annotated[int, Field(ge=1, le=MAX_INT32)]
     gpus: list[GpuInfo] = Field(max_length=MAX_GPUS_PER_NODE)
     labels: dict[Name, Name] = {}
 
@@ -359,9 +360,9 @@ class TokenList(Wire):
 
 class TeamSpec(Wire):
     name: Name
-    quota_gpus: Annotated[int, Field(ge=0)] | None = None  # None: unlimited
+    quota_gpus: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None  # None: unlimited
     cohort: Name | None = None
-    borrowing_limit: Annotated[int, Field(ge=0)] | None = None
+    borrowing_limit: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
     weight: Annotated[float, Field(gt=0)] | None = None
 
 

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager, suppress
 from typing import Annotated, Any, Literal
 
 import httpx
-from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -53,6 +53,22 @@ async def principal(
 
 
 Who = Annotated[Principal, Depends(principal)]
+# Ids are 32-bit in every database the head supports; larger ones cannot exist.
+JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+
+
+async def step_token(
+    job_id: JobId,
+    request: Request,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> str:
+    """A running job's own credential (PHALANX_STEP_TOKEN), checked before the body."""
+    head: Head = request.app.state.head
+    token = creds.credentials if creds else None
+    head.check_step_token(job_id, token)
+    assert token is not None
+    return token
 
 
 async def _user(who: Who) -> Principal:
@@ -183,13 +199,13 @@ def create_app(head: Head) -> FastAPI:
         return head.list_jobs(who, active, ended, user, team, states, since, limit)
 
     @app.get("/v1/jobs/{job_id}", response_model=m.JobDetail, responses=NOT_FOUND)
-    def job(job_id: int, who: User) -> m.JobDetail:
+    def job(job_id: JobId, who: User) -> m.JobDetail:
         return head.job_detail(who, job_id)
 
     @app.post(
         "/v1/jobs/{job_id}/cancel", response_model=m.JobInfo, responses={**NOT_FOUND, **CONFLICT}
     )
-    def cancel(job_id: int, who: User, body: m.CancelRequest | None = None) -> m.JobInfo:
+    def cancel(job_id: JobId, who: User, body: m.CancelRequest | None = None) -> m.JobInfo:
         if body is not None and body.signal is not None:
             # Sending a signal without ending the job comes with cooperative preemption.
             raise HeadError(422, "cancel --signal is not supported yet; cancel ends the job")
@@ -202,7 +218,7 @@ def create_app(head: Head) -> FastAPI:
     )
     async def logs(
         request: Request,
-        job_id: int,
+        job_id: JobId,
         who: User,
         rank: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
         stream: Literal["stdout", "stderr"] = "stdout",
@@ -227,11 +243,9 @@ def create_app(head: Head) -> FastAPI:
 
     @app.post("/v1/jobs/{job_id}/progress", status_code=204)
     async def progress(
-        job_id: int,
-        body: m.JobProgress,
-        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+        job_id: JobId, body: m.JobProgress, token: Annotated[str, Depends(step_token)]
     ) -> Response:
-        head.record_progress(job_id, creds.credentials if creds else None, body)
+        head.record_progress(job_id, token, body)
         return Response(status_code=204)
 
     # ----------------------------------------------------------------- nodes
@@ -270,7 +284,7 @@ def create_app(head: Head) -> FastAPI:
             return m.TokenList(tokens=store.tokens(conn))
 
     @app.delete("/v1/tokens/{token_id}", status_code=204, responses=NOT_FOUND)
-    def revoke(token_id: int, who: Admin) -> Response:
+    def revoke(token_id: RowId, who: Admin) -> Response:
         head.revoke(token_id)
         return Response(status_code=204)
 

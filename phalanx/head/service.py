@@ -130,15 +130,22 @@ class Head:
             progress = [rec.progress[r] for r in sorted(rec.progress)]
         return m.JobDetail(job=info, spec=rec.spec, events=events, progress=progress)
 
-    def record_progress(self, job_id: int, token: str | None, report: m.JobProgress) -> None:
-        """A running job's own report, authenticated by its step token (PHALANX_STEP_TOKEN)."""
+    def check_step_token(self, job_id: int, token: str | None) -> None:
         with self.control.lock:
             rec = self.mirror.jobs.get(job_id)
-            if not token or rec is None or rec.step_token is None:
-                raise AuthError("progress needs the running job's PHALANX_STEP_TOKEN")
-            if not auth.same_secret(token, rec.step_token):
-                raise AuthError("not this job's step token")
-            rec.progress[report.rank] = report
+            expected = rec.step_token if rec is not None else None
+        if not token or expected is None:
+            raise AuthError("progress needs the running job's PHALANX_STEP_TOKEN")
+        if not auth.same_secret(token, expected):
+            raise AuthError("not this job's step token")
+
+    def record_progress(self, job_id: int, token: str, report: m.JobProgress) -> None:
+        """A running job's own report, authenticated by its step token (PHALANX_STEP_TOKEN)."""
+        self.check_step_token(job_id, token)
+        with self.control.lock:
+            rec = self.mirror.jobs.get(job_id)
+            if rec is not None:
+                rec.progress[report.rank] = report
 
     def log_source(self, rec: JobRecord, rank: int) -> NodeRecord:
         """The node that holds rank `rank`'s logs."""

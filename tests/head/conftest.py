@@ -78,12 +78,6 @@ def stop_head(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    with PostgresServer() as pg:
-        yield pg
-
-
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def head(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
