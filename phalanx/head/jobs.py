@@ -38,7 +38,8 @@ def submit(mirror: Mirror, tx: Tx, who: Principal, spec: JobSpec) -> SubmitRespo
     deps = sorted({j for d in spec.dependencies for j in d.job_ids})
     if deps:
         tx.flush()  # a dependency may name a job submitted earlier in this batch
-    missing = set(deps) - set(mirror.jobs) - store.existing_job_ids(tx.conn, deps)
+    unknown = [j for j in deps if j not in mirror.jobs]
+    missing = set(unknown) - store.existing_job_ids(tx.conn, unknown)
     if missing:
         raise HeadError(
             422, f"dependency on job(s) {', '.join(map(str, sorted(missing)))} that do not exist"
