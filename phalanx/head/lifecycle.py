@@ -63,6 +63,10 @@ def _node_gone(mirror: Mirror, node: str) -> bool:
 
 def finalize(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
     why = rec.stopping or "cancel"
+    if rec.progress:  # keep the last training progress the job reported in its history
+        last = rec.progress[min(rec.progress)]
+        loss = "" if last.loss is None else f", loss {last.loss:.4f}"
+        tx.event(now, "progress", f"last report: step {last.step}{loss}", rec.id)
     core = mirror.core
     for node, _ in rec.placement:
         mirror.node_jobs.get(node, set()).discard(rec.id)

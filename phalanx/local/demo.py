@@ -24,7 +24,27 @@ from phalanx.local.cluster import LocalCluster
 FINAL = ("CD", "F", "CA", "TO", "NF")
 
 
-def workload(steps: int) -> list[str]:
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+
+
+def workload(steps: int, state_dir: Path) -> list[str]:
+    """Real training (phalanx.train's reference GPT, DDP over 4 ranks on 2 nodes) when run
+    from a checkout; the plain gloo data-parallel workload otherwise."""
+    if EXAMPLE.exists():
+        return [
+            sys.executable,
+            str(EXAMPLE),
+            "--preset",
+            "tiny",
+            "--steps",
+            str(steps),
+            "--log-every",
+            "10",
+            "--checkpoint-dir",
+            str(state_dir / "checkpoints"),
+            "--checkpoint-every",
+            "20",
+        ]
     return [sys.executable, "-m", "phalanx.local.demo_workload", "--steps", str(steps)]
 
 
@@ -36,6 +56,11 @@ def status(detail: JobDetail, progress: str, elapsed: float) -> Table:
     where = ", ".join(f"{p.node} GPUs {p.gpus}" for p in job.placement) or "-"
     table.add_row("placement", where)
     table.add_row("progress (rank 0)", progress or "starting…")
+    if detail.progress:
+        p = detail.progress[0]
+        loss = "-" if p.loss is None else f"{p.loss:.4f}"
+        rate = "-" if p.tokens_per_s is None else f"{p.tokens_per_s:,.0f}"
+        table.add_row("reported to the head", f"step {p.step}, loss {loss}, {rate} tokens/s")
     table.add_row("elapsed", f"{elapsed:.1f} s")
     return table
 
@@ -48,7 +73,7 @@ def run(state_dir: Path, steps: int, console: Console) -> int:
             console.print(f"  node {node.name}: {len(node.gpus)} × {node.gpus[0].model}")
         spec = JobSpec(
             name="dp-demo",
-            command=workload(steps),
+            command=workload(steps, state_dir),
             workdir=str(state_dir),
             nodes=2,
             gpus_per_node=2,
@@ -56,6 +81,7 @@ def run(state_dir: Path, steps: int, console: Console) -> int:
         )
         job_id = client.submit(spec).job_ids[0]
         console.print(f"Submitted job {job_id}: 2 nodes × 2 GPUs, torchrun launcher, gloo")
+        console.print(f"  {' '.join(spec.command or [])}")
         t0 = time.monotonic()
         offset, progress, lines = 0, "", []
         with Live(console=console, refresh_per_second=8) as live:
@@ -94,7 +120,7 @@ def run(state_dir: Path, steps: int, console: Console) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--state-dir", type=Path, default=None)
     args = parser.parse_args()
     console = Console()
