@@ -14,6 +14,9 @@ MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 62  # the core's per-node bitmask limit
 MAX_ARRAY_TASKS = 10_000
 MAX_INT32 = 2**31 - 1  # ids and counts stored in 32-bit database columns
+# A job whose rank exits with this code (EX_TEMPFAIL) asks to be requeued: it checkpointed
+# (phalanx.train does so on a preemption notice) and wants to resume, up to max_restarts.
+REQUEUE_EXIT_CODE = 75
 
 Launcher = Literal["torchrun", "node", "batch"]
 JobStateCode = Literal["PD", "R", "CG", "CD", "F", "CA", "TO", "NF", "PR"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from phalanx.api.models import Heartbeat, ProcessStatus
+from phalanx.api.models import REQUEUE_EXIT_CODE, Heartbeat, ProcessStatus
 from phalanx.core import JobState
 from phalanx.head import store
 from phalanx.head.mirror import Mirror, Tx
@@ -70,13 +70,16 @@ def finalize(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
     core = mirror.core
     for node, _ in rec.placement:
         mirror.node_jobs.get(node, set()).discard(rec.id)
-    if why == "preempt":
+    if why in ("preempt", "requeue"):
         if core is not None and rec.id in core.running:
             core.requeue(rec.id, now)
         rec.state = "PD"
         rec.restart_count += 1
-        rec.reason, rec.reason_message = "Preempted", "preempted; requeued to run again"
-        tx.event(now, "requeued", "preempted; back in the queue", rec.id)
+        if why == "preempt":
+            rec.reason, rec.reason_message = "Preempted", "preempted; requeued to run again"
+        else:
+            rec.reason, rec.reason_message = "Requeued", "the job asked to be requeued (exit 75)"
+        tx.event(now, "requeued", f"{rec.reason_message}; restart {rec.restart_count}", rec.id)
         _reset_allocation(rec)
         tx.update_job(rec)
         tx.kick = True
@@ -192,6 +195,11 @@ def _evaluate(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
             continue
         code = p.exit_code if p.exit_code is not None else 0
         sig = p.signal or 0
+        wants_requeue = code == REQUEUE_EXIT_CODE and not sig and rec.spec.requeue
+        if wants_requeue and rec.restart_count < rec.spec.max_restarts:
+            message = f"rank {rank} exited {code}: checkpointed, asks to be requeued"
+            begin_stop(mirror, tx, rec, "requeue", None, message, now)
+            return
         how = f"exited with code {code}" if not sig else f"was killed by signal {sig}"
         what = "the batch script" if rec.spec.launcher == "batch" else f"rank {rank}"
         begin_stop(mirror, tx, rec, "fail", f"{code}:{sig}", f"{what} {how}", now)

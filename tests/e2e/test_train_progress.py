@@ -33,3 +33,33 @@ def test_example_trains_on_two_nodes_and_reports_progress_to_the_head(
     out = api.logs(job_id, 0, "stdout", 0).data
     assert "done: step 6" in out, out
     assert (workdir / "ckpt").is_dir()
+
+
+def test_exit_75_requeues_the_job_which_resumes_with_a_higher_restart_count(
+    api: PhalanxClient, workdir: Path
+) -> None:
+    from phalanx.api.models import REQUEUE_EXIT_CODE
+    from phalanx.train.preempt import REQUEUE_EXIT_CODE as TRAIN_CODE
+
+    assert TRAIN_CODE == REQUEUE_EXIT_CODE  # what phalanx.train exits with is what the head reads
+    script = (
+        f'echo "restart $PHALANX_RESTART_COUNT/$SLURM_RESTART_COUNT"; '
+        f'if [ "$PHALANX_RESTART_COUNT" = 0 ]; then exit {REQUEUE_EXIT_CODE}; fi'
+    )
+    spec = JobSpec(command=["bash", "-c", script], workdir=str(workdir), name="requeue")
+    job_id = api.submit(spec).job_ids[0]
+    info = wait_state(api, job_id, {"CD"}, timeout=60)
+    assert info.restart_count == 1 and info.epoch == 2
+    kinds = [e.kind for e in api.job(job_id).events]
+    assert kinds.count("started") == 2 and "requeued" in kinds, kinds
+    assert "restart 1/1" in api.logs(job_id, 0, "stdout", 0).data
+
+    spec = JobSpec(
+        command=["bash", "-c", f"exit {REQUEUE_EXIT_CODE}"],
+        workdir=str(workdir),
+        max_restarts=1,
+        name="always75",
+    )
+    job_id = api.submit(spec).job_ids[0]
+    info = wait_state(api, job_id, {"F"}, timeout=60)
+    assert info.exit_code == f"{REQUEUE_EXIT_CODE}:0" and info.restart_count == 1
