@@ -67,13 +67,3 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 20.0) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.02)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether `pid` is a live process (a zombie counts as dead)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return False
-    return stat[stat.rfind(")") + 2] != "Z"

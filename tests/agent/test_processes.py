@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from phalanx.agent.processes import ProcessManager, ProcState
+from phalanx.testing.processes import pid_alive
 
-from .helpers import pid_alive, wait_for
+from .helpers import wait_for
 
 
 @pytest.fixture

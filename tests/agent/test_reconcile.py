@@ -12,8 +12,9 @@ import pytest
 from phalanx.agent.processes import ProcessManager
 from phalanx.agent.reconcile import LaunchContext, Reconciler, script_argv
 from phalanx.api.models import ProcessStatus
+from phalanx.testing.processes import pid_alive
 
-from .helpers import assignment, desired, pid_alive, wait_for
+from .helpers import assignment, desired, wait_for
 
 ECHO_ENV = ["sh", "-c", 'echo "$RANK $LOCAL_RANK $MASTER_PORT $CUDA_VISIBLE_DEVICES"']
 

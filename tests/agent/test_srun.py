@@ -12,9 +12,10 @@ import httpx
 import pytest
 
 from phalanx.api.models import Assignment, LogChunk, StepStatus
+from phalanx.testing.processes import pid_alive
 
 from .harness import AGENT_SECRET, Agent, start_agent
-from .helpers import STEP_TOKEN, assignment, desired, pid_alive, wait_for
+from .helpers import STEP_TOKEN, assignment, desired, wait_for
 
 NODES = ["127.0.0.2", "127.0.0.3"]
 OTHER_TOKEN = "step-token-of-job-8-xxxxxxxx"

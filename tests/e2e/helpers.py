@@ -14,6 +14,7 @@ from sqlalchemy import create_engine, text
 from phalanx.api.models import JobInfo, JobSpec
 from phalanx.client.api import ApiError, PhalanxClient
 from phalanx.testing.postgres import PostgresServer
+from phalanx.testing.processes import pid_alive
 
 T = TypeVar("T")
 Stream = Literal["stdout", "stderr"]
@@ -157,15 +158,6 @@ def printed_pids(client: PhalanxClient, job_id: int, rank: int) -> list[int]:
 def all_gone(pids: list[int]) -> bool | None:
     """True once none of `pids` is alive (a probe for `wait_for`)."""
     return True if not any(pid_alive(p) for p in pids) else None
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process exists and is not a zombie (an exited child nobody reaped yet)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
 
 
 def cancel_all(client: PhalanxClient, timeout: float = 30.0) -> None:

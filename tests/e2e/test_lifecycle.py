@@ -15,11 +15,11 @@ from phalanx.api.models import (
     UserCreate,
 )
 from phalanx.client.api import PhalanxClient
+from phalanx.testing.processes import pid_alive
 from tests.e2e.helpers import (
     all_gone,
     final_log,
     job,
-    pid_alive,
     printed_pids,
     sh,
     submit,

@@ -18,12 +18,12 @@ from phalanx.api.models import DependencySpec
 from phalanx.client.api import ApiError, PhalanxClient
 from phalanx.local import LocalCluster
 from phalanx.testing.postgres import PostgresServer
+from phalanx.testing.processes import pid_alive
 from tests.e2e.helpers import (
     all_gone,
     cancel_all,
     database,
     job,
-    pid_alive,
     printed_pids,
     sh,
     submit,
