@@ -86,6 +86,8 @@ def serve(
         port=port,
         log_level="warning",
         access_log=False,
+        proxy_headers=False,  # the head is addressed directly; no X-Forwarded-* to trust
+        server_header=False,
         timeout_graceful_shutdown=3,
     )
     server = uvicorn.Server(config)
