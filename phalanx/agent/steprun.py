@@ -166,16 +166,14 @@ class StepRun:
         self.stop_signal = signum
 
     def _emit(self, key: tuple[str, int, str], text: str) -> str:
-        """Write complete lines (labelled with `-l`); return the unfinished rest."""
+        """Write complete lines (labelled with `-l`), so tasks' lines never interleave
+        mid-line; return the unfinished rest."""
         out: TextIO = sys.stdout if key[2] == "stdout" else sys.stderr
-        if not self.label:
-            out.write(text)
-            out.flush()
-            return ""
         *lines, rest = text.split("\n")
-        for line in lines:
-            out.write(f"{key[1]}: {line}\n")
-        out.flush()
+        prefix = f"{key[1]}: " if self.label else ""
+        if lines:
+            out.write("".join(f"{prefix}{line}\n" for line in lines))
+            out.flush()
         return rest
 
     def _log(self, node: NodeTasks, task: int, stream: str, offset: int) -> LogChunk:

@@ -26,6 +26,7 @@ JOB_ENV = {"OMP_NUM_THREADS": "1"}
 # A real torch.distributed all-reduce over gloo, configured from the environment only.
 ALLREDUCE_PY = """\
 import os
+import sys
 from datetime import timedelta
 
 import torch
@@ -37,7 +38,9 @@ value = torch.tensor([float(rank + 1)])
 dist.all_reduce(value)
 expected = world * (world + 1) / 2
 assert value.item() == expected, (value.item(), expected)
-print(f"rank {rank} of {world}: allreduce sum {value.item():g}", flush=True)
+# One write per line: ranks that share a stdout (torchrun's children) must not interleave.
+sys.stdout.write(f"rank {rank} of {world}: allreduce sum {value.item():g}\\n")
+sys.stdout.flush()
 dist.destroy_process_group()
 """
 
