@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from phalanx import __version__
 from phalanx.api import models as m
+from phalanx.head import jobs, store
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.service import Head
@@ -304,8 +305,6 @@ def create_app(head: Head) -> FastAPI:
     @app.get("/v1/tokens", response_model=m.TokenList)
     def list_tokens(who: Admin) -> m.TokenList:
         with head.control.engine.connect() as conn:
-            from phalanx.head import store
-
             return m.TokenList(tokens=store.tokens(conn))
 
     @app.delete("/v1/tokens/{token_id}", status_code=204, responses=NOT_FOUND)
@@ -340,8 +339,6 @@ def create_app(head: Head) -> FastAPI:
 
 
 def _submit(head: Head, tx: Any, who: Principal, spec: m.JobSpec) -> m.SubmitResponse:
-    from phalanx.head import jobs
-
     return jobs.submit(head.mirror, tx, who, spec)
 
 

@@ -14,11 +14,16 @@ from dataclasses import dataclass
 from typing import Literal
 
 TOKEN_PREFIX = {"api": "phx_", "join": "phxj_", "node": "phxn_"}
+STEP_TOKEN_PREFIX = "phxs_"  # job-scoped (srun steps, progress); lives on the job, not in `tokens`
 TokenKind = Literal["api", "join", "node"]
 
 
 def new_token(kind: TokenKind) -> str:
     return TOKEN_PREFIX[kind] + secrets.token_urlsafe(32)
+
+
+def new_step_token() -> str:
+    return STEP_TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
 def token_hash(token: str) -> str:

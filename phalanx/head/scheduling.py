@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 
 from phalanx.core import (
     ClusterState,
@@ -94,8 +95,6 @@ def rebuild(mirror: Mirror, tx: Tx, now: float) -> None:
 
 
 def _without_dependencies(request: JobRequest) -> JobRequest:
-    from dataclasses import replace
-
     return replace(request, dependencies=(), dependency_any=False)
 
 
@@ -163,7 +162,7 @@ def _start(
         key=lambda node_gpus: _host_order(node_gpus[0]),
     )
     rec.master_port = None
-    rec.step_token = auth.new_token("api").replace("phx_", "phxs_", 1)
+    rec.step_token = auth.new_step_token()
     rec.ranks = {}
     rec.stop_version = {}
     rec.all_running_at = None

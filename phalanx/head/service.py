@@ -103,10 +103,12 @@ class Head:
         if ended:
             teams = None if who.admin else who.teams | who.admin_of
             scope = None if who.admin else who.user
+            with self.control.lock:
+                addresses = self.mirror.addresses()
             with self.control.engine.connect() as conn:
                 for rec in store.ended_jobs(conn, since, scope, teams, limit):
                     if _visible(who, rec) and _matches(rec, user, team, states):
-                        out.append(rec.info(self.mirror.addresses()))
+                        out.append(rec.info(addresses))
         return m.JobList(jobs=out[:limit])
 
     def job_record(self, who: Principal, job_id: int) -> JobRecord:

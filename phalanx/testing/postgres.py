@@ -9,12 +9,13 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+
+from phalanx.local.cluster import free_port
 
 
 class PostgresUnavailable(RuntimeError):
@@ -34,12 +35,6 @@ def _bindir() -> Path:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PostgresServer:
     """`with PostgresServer() as pg: pg.url` — a fresh cluster with a `phalanx` database."""
 
@@ -47,7 +42,7 @@ class PostgresServer:
         self.bindir = _bindir()
         self.root = Path(tempfile.mkdtemp(prefix="phalanx-pg-"))
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self._as_user: list[str] = []
         if os.geteuid() == 0:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from phalanx.client.api import PhalanxClient
 from phalanx.local import LocalCluster
+from phalanx.local.cluster import free_port
 from tests.e2e.helpers import ALLREDUCE_PY, JOB_ENV
 
 SBATCH = """\
@@ -28,20 +28,13 @@ srun torchrun --nnodes 2 --nproc_per_node 2 --rdzv_id $SLURM_JOB_ID --rdzv_backe
 """
 
 
-def _free_port() -> int:
-    # torchrun's rendezvous store listens on every address: the port must be free on all.
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 def test_an_sbatch_script_runs_torchrun_on_every_node_through_srun(
     cluster: LocalCluster, api: PhalanxClient, workdir: Path, tmp_path: Path
 ) -> None:
     # Not the usual 29500: the rendezvous store binds the wildcard address, so two of these
     # tests running at once (one per database, on two pytest workers) would meet on it,
     # with equal job ids as rendezvous ids. Everything else in the script is as users write it.
-    port = _free_port()
+    port = free_port()
     (workdir / "train.sbatch").write_text(SBATCH.replace("RDZV_PORT", str(port)))
     (workdir / "allreduce.py").write_text(ALLREDUCE_PY)
     venv_bin = str(Path(sys.executable).parent)  # torchrun, as an activated venv has it

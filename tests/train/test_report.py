@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from phalanx.local.cluster import free_port
 from phalanx.train.report import Progress, Reporter
 from tests.train.fakehead import FakeHead
-from tests.train.launch import free_port
 
 
 @pytest.fixture
