@@ -171,9 +171,12 @@ def test_new_epoch_waits_for_the_old_one(rec: Reconciler, tmp_path: Path) -> Non
     slow = [
         "sh",
         "-c",
-        "trap 'until [ -f release ]; do sleep 0.02; done; exit 1' TERM; sleep 30 & wait",
+        "trap 'until [ -f release ]; do sleep 0.02; done; exit 1' TERM; touch trapped;"
+        " sleep 30 & wait",
     ]
     rec.apply(desired(assignment(command=slow, workdir=str(tmp_path), gpus_per_node=1)))
+    # A SIGTERM that arrives before the shell has set its trap would end it at once.
+    wait_for("the trap", lambda: (tmp_path / "trapped").exists())
     old = rec.process_statuses()[0]
     nxt = assignment(command=["true"], workdir=str(tmp_path), gpus_per_node=1, epoch=2)
     rec.apply(desired(nxt, version=2))
