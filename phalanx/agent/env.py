@@ -46,6 +46,13 @@ def global_rank(a: Assignment, local_rank: int) -> int:
     return 0
 
 
+def seconds(value: float) -> str:
+    """A number of seconds as a variable holds it: "30", "30.5" (no exponent, no ".0")."""
+    if value == int(value):
+        return str(int(value))
+    return f"{value:.6f}".rstrip("0").rstrip(".")
+
+
 def _clean(env: Mapping[str, str], secrets: Collection[str]) -> dict[str, str]:
     """Drop agent-owned families and any variable whose value is one of the agent's secrets."""
     return {
@@ -119,8 +126,12 @@ def job_env(
             "PHALANX_SUBMIT_DIR": a.submit_dir,
             "PHALANX_STEP_TOKEN": a.step_token,
             "PHALANX_AGENT_URLS": ",".join(a.agent_urls),
+            "PHALANX_PREEMPT_SIGNAL": a.preempt_signal,
+            "PHALANX_PREEMPT_DEADLINE": seconds(a.preempt_grace_s),
         }
     )
+    if a.checkpoint_dir:
+        env["PHALANX_CHECKPOINT_DIR"] = a.checkpoint_dir
     if a.account is not None:
         env["SLURM_JOB_ACCOUNT"] = a.account
     if a.cpus_per_task is not None:

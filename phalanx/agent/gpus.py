@@ -1,31 +1,56 @@
-"""GPU discovery and telemetry: NVML (nvidia-ml-py) on real machines, a fake provider elsewhere."""
+"""GPU discovery, telemetry and faults: NVML (nvidia-ml-py) on real machines, or fake GPUs."""
 
 from __future__ import annotations
 
 import importlib
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Callable, Collection
-from types import ModuleType
-from typing import Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
 
-from phalanx.api.models import GpuInfo, GpuTelemetry
+from phalanx.api.models import FaultInjection, GpuInfo, GpuTelemetry
+from phalanx.api.xid import describe
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+FaultKind = Literal["xid", "ecc_uncorrectable", "row_remap_failure", "gpu_lost"]
 
 # Stable namespace for fake GPU UUIDs, so a node keeps its GPU identities across restarts.
 _FAKE_NAMESPACE = uuid.UUID("6f1c2a52-7d4e-4d7b-9a61-3c1f7e0c9b11")
 _HINT = "to run this agent without GPUs, pass --fake-gpus N (and --gpu-model MODEL)"
+# NVML constants (nvml.h; part of its ABI, the same in every binding).
+_XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+_GPU_IS_LOST, _TIMEOUT, _NOT_SUPPORTED, _FUNCTION_NOT_FOUND = 15, 10, 3, 13
+_UNCORRECTED, _VOLATILE = 1, 0  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC
+_MAX_EVENTS_PER_POLL = 64  # an XID storm must not keep the poll from the counters
 
 
 class GpuError(RuntimeError):
     """GPUs cannot be discovered; the message tells the user what to do."""
 
 
+class FaultRejected(ValueError):
+    """An injected fault names a GPU this node does not have, or is inconsistent."""
+
+
+@dataclass(frozen=True)
+class GpuFault:
+    """A GPU fault a provider saw, before the agent numbers it (health.EventQueue)."""
+
+    gpu: int | None  # GPU index; None: the node as a whole
+    kind: FaultKind
+    code: int | None  # the XID number (kind "xid")
+    message: str
+    time: float  # unix seconds
+
+
 class GpuProvider(Protocol):
-    """Where the agent learns about its GPUs. Implementations never raise from telemetry()."""
+    """Where the agent learns about its GPUs. Implementations never raise from telemetry()
+    or health_events()."""
 
     def inventory(self) -> list[GpuInfo]:
         """The node's GPUs, index order."""
@@ -33,6 +58,11 @@ class GpuProvider(Protocol):
 
     def telemetry(self) -> list[GpuTelemetry]:
         """Current readings per GPU; a reading the device cannot give is None."""
+        ...
+
+    def health_events(self, timeout_s: float) -> list[GpuFault]:
+        """Faults seen since the last call, waiting up to `timeout_s` for one (a monitor
+        thread calls this in a loop); empty when there are none."""
         ...
 
     def close(self) -> None:
@@ -45,6 +75,7 @@ class FakeProvider:
 
     UUIDs derive from the node name and index, so they are stable across restarts.
     Utilization is 100% on a GPU that `busy()` names (a job's process holds it), else 0.
+    Faults come only from `inject()` (`POST /v1/faults` on the agent).
     """
 
     def __init__(
@@ -63,6 +94,8 @@ class FakeProvider:
         self.memory_mb = memory_mb
         self.node_name = node_name
         self.busy = busy
+        self._faults: list[GpuFault] = []
+        self._fault_added = threading.Condition()
 
     def inventory(self) -> list[GpuInfo]:
         """Fake GPUs 0..count-1 with UUIDs stable for this node name."""
@@ -93,51 +126,115 @@ class FakeProvider:
             )
         return out
 
+    def inject(self, fault: FaultInjection) -> None:
+        """Record `fault` to be reported by health_events() as if NVML had seen it.
+
+        Raises FaultRejected for a GPU index this node does not have, an XID without its
+        code, or a code on another kind of fault."""
+        if fault.gpu is not None and fault.gpu >= self.count:
+            have = f"GPUs 0-{self.count - 1}" if self.count else "no GPUs"
+            raise FaultRejected(f"this node has {have}; there is no GPU {fault.gpu}")
+        if fault.kind == "xid" and fault.code is None:
+            raise FaultRejected("an xid fault needs its code (the XID number, e.g. 79)")
+        if fault.kind != "xid" and fault.code is not None:
+            raise FaultRejected(f"code is the XID number; a {fault.kind} fault has none")
+        message = f"{describe(fault.kind, fault.code)}: {fault.message}"
+        with self._fault_added:
+            self._faults.append(GpuFault(fault.gpu, fault.kind, fault.code, message, time.time()))
+            self._fault_added.notify_all()
+
+    def health_events(self, timeout_s: float) -> list[GpuFault]:
+        """The injected faults not reported yet, waiting up to `timeout_s` for one."""
+        with self._fault_added:
+            self._fault_added.wait_for(lambda: bool(self._faults), timeout=timeout_s)
+            out, self._faults = self._faults, []
+        return out
+
     def close(self) -> None:
         """Nothing to release."""
 
 
 class NvmlProvider:
-    """Real GPUs through NVML. Every query that fails degrades to None (logged once)."""
+    """Real GPUs through NVML. Every query that fails degrades to None (logged once).
 
-    def __init__(self) -> None:
-        try:
-            nvml = importlib.import_module("pynvml")
-        except ImportError as e:
-            raise GpuError(f"nvidia-ml-py is not installed; {_HINT}") from e
+    Faults: XIDs through NVML's event API (nvmlEventTypeXidCriticalError), growth of the
+    volatile uncorrectable ECC count (its value at start-up is the baseline), row remapping
+    failed or pending (nvmlDeviceGetRemappedRows), and NVML_ERROR_GPU_IS_LOST from any
+    query. Uncorrectable ECC is read from the counter rather than from
+    nvmlEventTypeDoubleBitEccError, which would report the same error twice. `nvml` is the
+    `pynvml` module (a stand-in in tests); None imports it.
+    """
+
+    def __init__(self, nvml: Any = None) -> None:
+        if nvml is None:
+            try:
+                nvml = importlib.import_module("pynvml")
+            except ImportError as e:
+                raise GpuError(f"nvidia-ml-py is not installed; {_HINT}") from e
         try:
             nvml.nvmlInit()
         except Exception as e:  # NVMLError subclasses: library missing, driver not loaded, …
             raise GpuError(f"no NVIDIA GPU driver found (NVML: {e}); {_HINT}") from e
-        self._nvml: ModuleType = nvml
+        self._nvml: Any = nvml
         self._warned: set[str] = set()
         self._closed = False
+        self._lock = threading.Lock()  # the fault state below: telemetry runs in another thread
+        self._unsupported: set[tuple[str, int]] = set()  # (query, GPU) not worth asking again
+        self._lost: set[int] = set()
+        self._lost_faults: list[GpuFault] = []
+        self._ecc: dict[int, int] = {}  # GPU → volatile uncorrectable ECC count last read
+        self._remap: dict[int, tuple[bool, bool]] = {}  # GPU → (pending, failed) last read
         count = self._query("device count", nvml.nvmlDeviceGetCount)
-        self._handles: list[Any] = []
+        self._handles: list[tuple[int, Any]] = []  # (NVML index, handle)
         for i in range(count or 0):
-            handle = self._query(f"handle {i}", nvml.nvmlDeviceGetHandleByIndex, i)
+            handle = self._query("handle", nvml.nvmlDeviceGetHandleByIndex, i, gpu=i)
             if handle is not None:
-                self._handles.append(handle)
+                self._handles.append((i, handle))
+        self._events = self._register_xid_events()
+        for i, h in self._handles:
+            self._ecc_fault(i, h)  # the baseline: errors from before the agent started
 
-    def _query(self, what: str, fn: Callable[..., T], *args: Any) -> T | None:
-        """Call one NVML function; on any NVML error return None and log it once."""
+    def _query(
+        self,
+        what: str,
+        fn: Callable[..., T],
+        *args: Any,
+        gpu: int | None = None,
+        level: int = logging.DEBUG,
+    ) -> T | None:
+        """Call one NVML function; on any NVML error return None and log it once (at
+        `level`, DEBUG by default). GPU_IS_LOST on a query about GPU `gpu` records a
+        gpu_lost fault; NOT_SUPPORTED marks (what, gpu) as not worth asking again."""
         try:
             return fn(*args)
         except self._nvml.NVMLError as e:
+            code = getattr(e, "value", None)
+            if gpu is not None and code == _GPU_IS_LOST:
+                self._gpu_lost(gpu, what)
+            elif gpu is not None and code in (_NOT_SUPPORTED, _FUNCTION_NOT_FOUND):
+                self._unsupported.add((what, gpu))
             kind = what.split(" ")[0]  # one log line per kind of query, not per GPU
             if kind not in self._warned:
                 self._warned.add(kind)
-                log.debug("NVML %s unavailable: %s", what, e)
+                log.log(level, "NVML %s unavailable: %s", what, e)
             return None
+
+    def _gpu_lost(self, gpu: int, what: str) -> None:
+        with self._lock:
+            if gpu in self._lost:
+                return
+            self._lost.add(gpu)
+            message = f"GPU lost: NVML answers 'GPU is lost' (while reading {what})"
+            self._lost_faults.append(GpuFault(gpu, "gpu_lost", None, message, time.time()))
 
     def inventory(self) -> list[GpuInfo]:
         """The GPUs NVML sees, with name, UUID and total memory (0 if unknown)."""
         nvml = self._nvml
         out = []
-        for i, h in enumerate(self._handles):
-            name = self._query("name", nvml.nvmlDeviceGetName, h)
-            uid = self._query("uuid", nvml.nvmlDeviceGetUUID, h)
-            mem = self._query("memory", nvml.nvmlDeviceGetMemoryInfo, h)
+        for i, h in self._handles:
+            name = self._query("name", nvml.nvmlDeviceGetName, h, gpu=i)
+            uid = self._query("uuid", nvml.nvmlDeviceGetUUID, h, gpu=i)
+            mem = self._query("memory", nvml.nvmlDeviceGetMemoryInfo, h, gpu=i)
             out.append(
                 GpuInfo(
                     index=i,
@@ -152,11 +249,11 @@ class NvmlProvider:
         """Utilization (%), memory used (MiB), temperature (°C), power (W) per GPU."""
         nvml = self._nvml
         out = []
-        for i, h in enumerate(self._handles):
-            util = self._query("utilization", nvml.nvmlDeviceGetUtilizationRates, h)
-            mem = self._query("memory", nvml.nvmlDeviceGetMemoryInfo, h)
-            temp = self._query("temperature", nvml.nvmlDeviceGetTemperature, h, 0)  # 0: GPU die
-            power = self._query("power", nvml.nvmlDeviceGetPowerUsage, h)  # milliwatts
+        for i, h in self._handles:
+            util = self._query("utilization", nvml.nvmlDeviceGetUtilizationRates, h, gpu=i)
+            mem = self._query("memory", nvml.nvmlDeviceGetMemoryInfo, h, gpu=i)
+            temp = self._query("temperature", nvml.nvmlDeviceGetTemperature, h, 0, gpu=i)  # die
+            power = self._query("power", nvml.nvmlDeviceGetPowerUsage, h, gpu=i)  # milliwatts
             out.append(
                 GpuTelemetry(
                     index=i,
@@ -168,12 +265,115 @@ class NvmlProvider:
             )
         return out
 
+    # ------------------------------------------------------------------ faults
+    def health_events(self, timeout_s: float) -> list[GpuFault]:
+        """XID events (waiting up to `timeout_s` for one), then the ECC and row-remap
+        readings of every GPU not lost, then GPUs found lost."""
+        faults = self._wait_xids(timeout_s)
+        for i, h in self._handles:
+            if i not in self._lost:
+                faults += [f for f in (self._ecc_fault(i, h), self._remap_fault(i, h)) if f]
+        with self._lock:
+            faults += self._lost_faults
+            self._lost_faults = []
+        return faults
+
+    def _register_xid_events(self) -> Any:
+        """An NVML event set with every GPU that supports XID events; None if none does."""
+        nvml, warn = self._nvml, logging.WARNING
+        events = self._query("XID event set", nvml.nvmlEventSetCreate, level=warn)
+        if events is None:
+            return None
+        registered = 0
+        for i, h in self._handles:
+            types = self._query(
+                "XID types", nvml.nvmlDeviceGetSupportedEventTypes, h, gpu=i, level=warn
+            )
+            if types is not None and int(types) & _XID_EVENT:
+                done = self._query("XID register", _register, nvml, h, events, gpu=i, level=warn)
+                registered += done is not None
+        if not registered:
+            log.warning("no GPU here reports XID events through NVML: XIDs are not reported")
+            self._query("XID free", nvml.nvmlEventSetFree, events)
+            return None
+        return events
+
+    def _wait_xids(self, timeout_s: float) -> list[GpuFault]:
+        """XIDs from the event set: wait up to `timeout_s` for the first, then take what is
+        already queued. Without an event set (unsupported), just wait."""
+        nvml = self._nvml
+        if self._events is None:
+            time.sleep(timeout_s)
+            return []
+        out: list[GpuFault] = []
+        timeout_ms = max(0, int(timeout_s * 1000))
+        for _ in range(_MAX_EVENTS_PER_POLL):
+            try:
+                data = nvml.nvmlEventSetWait(self._events, timeout_ms)
+            except nvml.NVMLError as e:
+                if getattr(e, "value", None) != _TIMEOUT:
+                    if "XID wait" not in self._warned:
+                        self._warned.add("XID wait")
+                        log.warning("waiting for NVML XID events failed: %s", e)
+                    if not out:
+                        time.sleep(timeout_s)  # keep the monitor's pace on a failing wait
+                break
+            timeout_ms = 0  # after the first event, only take what is already there
+            gpu = self._query("index", nvml.nvmlDeviceGetIndex, data.device)
+            code = int(data.eventData)
+            out.append(GpuFault(gpu, "xid", code, describe("xid", code), time.time()))
+        return out
+
+    def _ecc_fault(self, i: int, h: Any) -> GpuFault | None:
+        """A fault when GPU i's volatile uncorrectable ECC count grew since the last read."""
+        what = "ECC count"
+        get = getattr(self._nvml, "nvmlDeviceGetTotalEccErrors", None)  # old bindings lack it
+        if get is None or (what, i) in self._unsupported:
+            return None
+        count = self._query(what, get, h, _UNCORRECTED, _VOLATILE, gpu=i, level=logging.WARNING)
+        if count is None:
+            return None
+        before, self._ecc[i] = self._ecc.get(i), int(count)
+        if before is None or count <= before:
+            return None
+        message = f"uncorrectable ECC errors: {count - before} new, {count} since the driver loaded"
+        return GpuFault(i, "ecc_uncorrectable", None, message, time.time())
+
+    def _remap_fault(self, i: int, h: Any) -> GpuFault | None:
+        """A fault when GPU i's row remapping starts failing or a remap becomes pending."""
+        what = "row remapping"
+        get = getattr(self._nvml, "nvmlDeviceGetRemappedRows", None)  # old bindings lack it
+        if get is None or (what, i) in self._unsupported:
+            return None
+        rows = self._query(what, get, h, gpu=i, level=logging.WARNING)
+        if rows is None:
+            return None
+        _corrected, _uncorrected, pending, failed = rows
+        before = self._remap.get(i, (False, False))
+        self._remap[i] = (bool(pending), bool(failed))
+        if failed and not before[1]:
+            message = "row remapping failed: no spare rows left (the GPU needs repair)"
+        elif pending and not before[0]:
+            message = "row remapping pending: reset the GPU to apply it"
+        else:
+            return None
+        return GpuFault(i, "row_remap_failure", None, message, time.time())
+
     def close(self) -> None:
-        """Shut NVML down (idempotent, never raises)."""
+        """Shut NVML down (idempotent, never raises). Stop calling health_events() first."""
         if not self._closed:
             self._closed = True
             self._handles = []
+            if self._events is not None:
+                self._query("XID free", self._nvml.nvmlEventSetFree, self._events)
+                self._events = None
             self._query("shutdown", self._nvml.nvmlShutdown)
+
+
+def _register(nvml: Any, handle: Any, events: Any) -> bool:
+    """Add one GPU's XID events to the event set (True: NVML's own call returns None)."""
+    nvml.nvmlDeviceRegisterEvents(handle, _XID_EVENT, events)
+    return True
 
 
 def _text(value: object) -> str:

@@ -19,8 +19,11 @@ from pydantic import ValidationError
 
 from phalanx.api.models import RegisterRequest
 
-from .gpus import GpuError, GpuProvider, detect
+from . import leftovers
+from .gpus import FakeProvider, GpuError, GpuProvider, detect
+from .guard import start_guard, stop_guard
 from .headlink import HeadLink, JoinRefused
+from .health import EVENTS_FILE, EventQueue, HealthMonitor, check_problem
 from .processes import ProcessManager
 from .reconcile import LaunchContext, Reconciler
 from .server import create_app
@@ -38,7 +41,7 @@ class AgentError(RuntimeError):
 class AgentConfig:
     """How to run one agent (the `phalanx agent` flags)."""
 
-    head_url: str
+    head_url: str  # or several, comma-separated: a leader and its standbys
     token: str  # the join token; never logged, never given to jobs
     address: str  # where this node is reached (API server, MASTER_ADDR)
     name: str
@@ -48,6 +51,8 @@ class AgentConfig:
     gpu_model: str = "H100"
     labels: dict[str, str] = field(default_factory=dict)
     heartbeat_s: float = 2.0
+    health_checks: tuple[Path, ...] = ()  # NHC-style scripts: exit 0 is healthy
+    health_interval_s: float = 30.0  # how often they run; also each one's timeout
 
 
 class _Server(uvicorn.Server):
@@ -63,6 +68,8 @@ def run_agent(cfg: AgentConfig, stop: threading.Event | None = None) -> None:
     register with the head, heartbeat and reconcile. Every job process is stopped before
     it returns. Raises AgentError for problems the user must fix (no GPUs, bad token)."""
     try:
+        _check_head_urls(cfg.head_url)
+        _check_health_settings(cfg)
         asyncio.run(_run(cfg, stop))
     except (GpuError, JoinRefused) as e:
         raise AgentError(str(e)) from e
@@ -95,12 +102,24 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
     steps = StepManager(ctx, procs)
     reconciler = Reconciler(ctx, procs, on_change=notify, on_stop_job=steps.stop_undesired)
     gpus = detect(cfg.fake_gpus, cfg.gpu_model, node_name=cfg.name, busy=reconciler.busy_gpus)
+    health = HealthMonitor(
+        gpus,
+        EventQueue(state_dir / EVENTS_FILE),
+        [p.resolve() for p in cfg.health_checks],
+        interval_s=cfg.health_interval_s,
+        on_change=notify,
+    )
     try:
+        health.start()  # the checks' first run starts now, in parallel with registering
         write_shims(ctx.bin_dir)
+        # A SIGKILLed agent's job processes may still run: end them before registering
+        # (this agent reports their epochs lost and never runs them again).
+        await asyncio.to_thread(leftovers.kill_orphans, state_dir)
         sock = _listen(cfg.address, cfg.port)
         agent_url = f"http://{cfg.address}:{sock.getsockname()[1]}"
         request = _register_request(cfg, agent_url, agent_secret, gpus)
-        app = create_app(secret=agent_secret, reconciler=reconciler, steps=steps)
+        inject = gpus.inject if isinstance(gpus, FakeProvider) else None
+        app = create_app(secret=agent_secret, reconciler=reconciler, steps=steps, inject=inject)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         server = _Server(config)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -115,16 +134,40 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
             stop=stop,
             heartbeat_s=cfg.heartbeat_s,
             secrets=keep_out,
+            health=health,
         )
+        # Fences the jobs should this process be frozen or killed (it cannot, then).
+        guard = start_guard(state_dir)
         try:
             await link.run()
         finally:
             log.info("agent %s stopping: ending job processes", cfg.name)
             await asyncio.to_thread(reconciler.shutdown)
+            await asyncio.to_thread(stop_guard, guard)
             server.should_exit = True
             await serving
     finally:
+        await asyncio.to_thread(health.stop)
         gpus.close()
+
+
+def _check_head_urls(value: str) -> None:
+    """`--head URL` or `URL1,URL2,…`: every entry an http(s) URL."""
+    urls = [u.strip() for u in value.split(",")]
+    for url in urls:
+        if not url.startswith(("http://", "https://")) or len(url.split("//", 1)[1]) == 0:
+            raise AgentError(
+                f"--head {value!r}: expected http(s)://HOST:PORT, or several comma-separated"
+            )
+
+
+def _check_health_settings(cfg: AgentConfig) -> None:
+    if cfg.health_interval_s <= 0:
+        raise AgentError(f"--health-interval must be > 0 seconds, got {cfg.health_interval_s:g}")
+    for path in cfg.health_checks:
+        problem = check_problem(path)
+        if problem is not None:
+            raise AgentError(problem)
 
 
 def _listen(address: str, port: int) -> socket.socket:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+_FENCED = "not started: this node lost contact with the head (fenced)"
+
 # Exit codes for a process that could not be started at all, as a shell reports them.
 EXIT_CANNOT_START = 1
 EXIT_NOT_EXECUTABLE = 126
@@ -33,6 +35,7 @@ class ProcState:
     ended_at: float | None
     stdout: Path
     stderr: Path
+    lost: bool = False  # ended by the agent (fenced, or lost in an agent restart), not the job
 
     @property
     def shell_code(self) -> int | None:
@@ -45,8 +48,15 @@ class ProcState:
 class _Proc:
     """Mutable bookkeeping of one process; guarded by the manager's lock."""
 
-    def __init__(self, popen: subprocess.Popen[bytes] | None, stdout: Path, stderr: Path) -> None:
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes] | None,
+        stdout: Path,
+        stderr: Path,
+        owner: Hashable = None,
+    ) -> None:
         self.popen = popen
+        self.owner = owner
         self.started_at = time.time()
         self.ended_at: float | None = None
         self.exit_code: int | None = None
@@ -54,6 +64,7 @@ class _Proc:
         self.stdout = stdout
         self.stderr = stderr
         self.stopping = False
+        self.lost = False
 
     def state(self) -> ProcState:
         return ProcState(
@@ -65,6 +76,7 @@ class _Proc:
             ended_at=self.ended_at,
             stdout=self.stdout,
             stderr=self.stderr,
+            lost=self.lost,
         )
 
 
@@ -72,7 +84,9 @@ class ProcessManager:
     """Starts, watches and stops job processes, each the leader of its own process group.
 
     `on_change(key)` is called (from a watcher thread) when a process ends. Stopping
-    signals the whole group, so a rank's children die with it.
+    signals the whole group, so a rank's children die with it. Each process may name an
+    `owner` (the job's (id, epoch)) so a notice reaches all of a job's processes. Once
+    fenced, nothing starts until `unfence()`.
     """
 
     def __init__(self, on_change: Callable[[Hashable], None] | None = None) -> None:
@@ -80,6 +94,7 @@ class ProcessManager:
         self._procs: dict[Hashable, _Proc] = {}
         self._on_change = on_change
         self._stoppers: list[threading.Thread] = []
+        self._fenced = False
 
     def start(
         self,
@@ -90,13 +105,19 @@ class ProcessManager:
         cwd: str,
         stdout: Path,
         stderr: Path,
+        owner: Hashable = None,
     ) -> ProcState:
         """Start `argv` in `cwd` with exactly `env`, appending output to the two files
         (one file when both paths are equal). A process that cannot start (missing cwd,
         command not found) is recorded as ended with a shell-like exit code and a
-        message in its stderr file; this never raises for the job's own faults."""
+        message in its stderr file; this never raises for the job's own faults. While
+        fenced, nothing starts: the process is recorded as lost (killed by SIGKILL)."""
         if key in self._procs:
             raise ValueError(f"process {key!r} already exists")
+        if self._fenced:
+            return self.fail(
+                key, _FENCED, code=None, signal=9, stdout=stdout, stderr=stderr, lost=True
+            )
         if not os.path.isdir(cwd):
             msg = f"working directory {cwd} does not exist on this node"
             return self.fail(key, msg, code=EXIT_CANNOT_START, stdout=stdout, stderr=stderr)
@@ -127,10 +148,13 @@ class ProcessManager:
                     err.close()
         if failure is not None:
             return self.fail(key, failure[1], code=failure[0], stdout=stdout, stderr=stderr)
-        proc = _Proc(popen, stdout, stderr)
+        proc = _Proc(popen, stdout, stderr, owner)
         started = proc.state()  # as started, even if it ends before we return
         with self._lock:
             self._procs[key] = proc
+            if self._fenced:  # fenced while it started: fence() did not see it
+                proc.lost = True
+                _signal_group(popen.pid, signal.SIGKILL)
         threading.Thread(
             target=self._watch, args=(key, proc), name=f"watch-{popen.pid}", daemon=True
         ).start()
@@ -145,15 +169,18 @@ class ProcessManager:
         stdout: Path,
         stderr: Path,
         signal: int | None = None,
+        lost: bool = False,
     ) -> ProcState:
         """Record a process that could not be started: `message` goes to its stderr file
-        (prefixed `phalanx-agent:`) and it reads as ended with exit `code` (or `signal`)."""
+        (prefixed `phalanx-agent:`) and it reads as ended with exit `code` (or `signal`);
+        `lost` marks it as ended by the agent, not the job."""
         stderr.parent.mkdir(parents=True, exist_ok=True)
         with open(stderr, "ab") as f:
             f.write(f"phalanx-agent: {message}\n".encode())
         log.warning("cannot start %s: %s", key, message)
         proc = _Proc(None, stdout, stderr)
         proc.exit_code, proc.signal, proc.ended_at = code, signal, time.time()
+        proc.lost = lost
         with self._lock:
             self._procs[key] = proc
         if self._on_change is not None:
@@ -211,6 +238,60 @@ class ProcessManager:
             self._stoppers = [s for s in self._stoppers if s.is_alive()]
             self._stoppers.append(t)
 
+    def send_signal(self, key: Hashable, sig: signal.Signals) -> bool:
+        """Send `sig` to the process group of a running process; False if it is not running."""
+        with self._lock:
+            proc = self._procs.get(key)
+            if proc is None or proc.popen is None or proc.ended_at is not None:
+                return False
+            return _signal_group(proc.popen.pid, sig)
+
+    def signal_owned(self, owner: Hashable, sig: signal.Signals) -> int:
+        """Send `sig` to the group of every running process of `owner`; how many got it."""
+        with self._lock:
+            groups = [
+                p.popen.pid
+                for p in self._procs.values()
+                if p.owner == owner and p.popen is not None and p.ended_at is None
+            ]
+            return sum(_signal_group(pgid, sig) for pgid in groups)
+
+    def fence(self, since: float | None = None) -> int:
+        """SIGKILL every process group at once (no grace) and start nothing until
+        `unfence()`. Processes running until now read as `lost`, and so do those killed by
+        SIGKILL since `since` (unix time: the lease guard may have fenced first). Returns
+        how many process groups this fence ended; does not wait for them to die."""
+        fenced: set[int] = set()
+        ended_groups = []
+        with self._lock:
+            self._fenced = True
+            for proc in self._procs.values():
+                if proc.popen is None:
+                    continue
+                pgid = proc.popen.pid
+                if proc.ended_at is None:  # not reaped yet: the group id is still ours
+                    proc.lost = True
+                    if _signal_group(pgid, signal.SIGKILL):
+                        fenced.add(pgid)
+                    continue
+                ended_groups.append(pgid)
+                if since is not None and proc.signal == signal.SIGKILL and proc.ended_at >= since:
+                    proc.lost = True
+                    fenced.add(pgid)
+        # An ended rank's children may live on in its group; only a group with live members
+        # is signalled (its id cannot have been reused while they hold it).
+        if ended_groups:
+            alive = live_groups()
+            fenced.update(
+                g for g in ended_groups if g in alive and _signal_group(g, signal.SIGKILL)
+            )
+        return len(fenced)
+
+    def unfence(self) -> None:
+        """Allow starting processes again (the head answered after a fence)."""
+        with self._lock:
+            self._fenced = False
+
     def stop_all(self, grace_s: float) -> None:
         """Stop every process group and wait until all are dead (agent shutdown)."""
         with self._lock:
@@ -225,6 +306,22 @@ class ProcessManager:
         for p in procs:
             if p.popen is not None:
                 p.popen.wait()
+
+
+def live_groups() -> set[int]:
+    """The process group ids that have a live (non-zombie) member, from one /proc scan."""
+    groups: set[int] = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:  # exited while we looked
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 2 and fields[0] not in ("Z", "X"):
+            groups.add(int(fields[2]))
+    return groups
 
 
 def group_alive(pgid: int) -> bool:

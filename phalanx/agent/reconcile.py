@@ -15,7 +15,7 @@ from pathlib import Path
 from phalanx.api.models import Assignment, DesiredState, ProcessStatus
 from phalanx.jobspec import expand_pattern
 
-from . import logfiles
+from . import leftovers, logfiles, notices
 from .env import global_rank, job_env, local_ranks
 from .processes import EXIT_CANNOT_START, ProcessManager, ProcState
 
@@ -37,6 +37,7 @@ class _Launch:
 
     assignment: Assignment
     ranks: dict[int, int] = field(default_factory=dict)  # global rank → local rank
+    delivered: set[int] = field(default_factory=set)  # notice ids
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Reconciler:
     """Starts the ranks the desired state names and stops every other one.
 
     Thread-safe: the heartbeat loop calls apply(), the API server reads assignments and
-    log paths, watcher threads report exits through `on_change`.
+    log paths, watcher threads report exits through `on_change`. `fence()` kills every job
+    process when the head has been silent for its lease; `resume()` once it answers.
     """
 
     def __init__(
@@ -81,6 +83,8 @@ class Reconciler:
         self._desired: DesiredState | None = None
         self._launches: dict[JobKey, _Launch] = {}
         self._ports: dict[JobKey, int] = {}
+        self._fencing = threading.Event()  # set: start nothing (the lease ran out)
+        self._fenced: frozenset[JobKey] = frozenset()  # never started here again
 
     # ------------------------------------------------------------------ reconcile
     def apply(self, desired: DesiredState) -> None:
@@ -91,8 +95,37 @@ class Reconciler:
             self._stop_undesired(set(wanted), desired.kill_grace_s)
             self._on_stop_job(set(wanted), desired.kill_grace_s)
             for key, a in wanted.items():
-                if key not in self._launches:
+                if key not in self._launches and not self._fencing.is_set():
                     self._maybe_launch(a)
+            for key, a in wanted.items():
+                launch = self._launches.get(key)
+                if launch is not None:
+                    self._deliver_notices(a, launch)
+
+    # ------------------------------------------------------------------ fencing
+    def fence(self, since: float | None = None) -> int:
+        """The head has not answered for its lease and may restart this node's jobs
+        elsewhere: SIGKILL every job process group at once (ranks and srun steps; no grace,
+        the jobs resume from their checkpoints), report the ranks `lost`, and start nothing
+        until `resume()`. No epoch desired now is ever started here again. Ranks SIGKILLed
+        since `since` (unix time; the lease guard may have been first) read as lost too.
+        Returns how many process groups were killed. Takes no lock a slow apply() holds."""
+        self._fencing.set()
+        killed = self.procs.fence(since)
+        desired = self._desired
+        if desired is not None:
+            self._fenced = self._fenced | {(a.job_id, a.epoch) for a in desired.jobs}
+        self._on_change()
+        return killed
+
+    def resume(self) -> None:
+        """The head answered again: reconcile normally (fenced epochs stay dead)."""
+        self.procs.unfence()
+        self._fencing.clear()
+
+    def fenced(self) -> bool:
+        """Whether the agent is fenced (the head silent for longer than its lease)."""
+        return self._fencing.is_set()
 
     def _stop_undesired(self, wanted: set[JobKey], grace_s: float) -> None:
         for key, launch in list(self._launches.items()):
@@ -116,6 +149,24 @@ class Reconciler:
         if any(k[0] == a.job_id for k in self._launches):
             return  # an older epoch of this job is still being stopped: GPUs not free yet
         ranks = [(global_rank(a, lr), lr) for lr in local_ranks(a)]
+        job_dir = self.ctx.job_dir(a.job_id, a.epoch)
+        marker = job_dir / "launched"
+        # The step token identifies the job across head restarts (job ids alone repeat when
+        # a cluster is recreated on the same state dir); only its hash is written.
+        fingerprint = hashlib.sha256(a.step_token.encode()).hexdigest()
+        if key in self._fenced:
+            # Desired when this node was fenced, not started yet: its other ranks were
+            # killed, so this epoch is over here too ("never twice").
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_text(fingerprint)
+            self._report_lost(a, ranks, "rank lost: the node was fenced before it started")
+            return
+        if marker.exists() and marker.read_text() == fingerprint:
+            # Started by an earlier run of this agent, which stopped its processes on exit
+            # (or was killed; the new agent killed the leftovers): report them lost rather
+            # than run this epoch a second time ("never twice").
+            self._report_lost(a, ranks, "rank lost: the agent restarted while it ran")
+            return
         port = a.master_port
         if port is None and a.node_rank != 0 and ranks:
             return  # wait for the rank-0 node's port to come back through the head
@@ -128,23 +179,12 @@ class Reconciler:
                     log.warning("job %d: cannot pick a port on %s: %s", a.job_id, a.master_addr, e)
                     return
                 self._ports[key] = port
-        marker = self.ctx.job_dir(a.job_id, a.epoch) / "launched"
-        # The step token identifies the job across head restarts (job ids alone repeat when
-        # a cluster is recreated on the same state dir); only its hash is written.
-        fingerprint = hashlib.sha256(a.step_token.encode()).hexdigest()
-        if marker.exists() and marker.read_text() == fingerprint:
-            # Started by an earlier run of this agent, which stopped its processes on exit:
-            # report them dead rather than run this epoch a second time ("never twice").
-            self._launches[key] = launch = _Launch(a)
-            for rank, local in ranks:
-                launch.ranks[rank] = local
-                out, err = self._log_paths(a, rank)
-                msg = "rank lost: the agent restarted while it ran"
-                pkey = rank_key(a.job_id, a.epoch, rank)
-                self.procs.fail(pkey, msg, code=None, signal=9, stdout=out, stderr=err)
-            return
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(fingerprint)
+        notices.forget(job_dir)  # a record left by another job with the same id and epoch
+        if a.checkpoint_dir:
+            with contextlib.suppress(OSError):  # the job reports it if it needs the directory
+                (Path(a.workdir) / a.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         launch = _Launch(a)
         self._launches[key] = launch
         argv, problem = self._argv(a)
@@ -164,12 +204,37 @@ class Reconciler:
                 master_port=port,
                 head_url=self.ctx.head_url,
                 bin_dir=self.ctx.bin_dir,
-                job_dir=self.ctx.job_dir(a.job_id, a.epoch),
+                job_dir=job_dir,
                 secrets=self.ctx.secrets,
             )
-            state = self.procs.start(pkey, argv, env=env, cwd=a.workdir, stdout=out, stderr=err)
+            state = self.procs.start(
+                pkey, argv, env=env, cwd=a.workdir, stdout=out, stderr=err, owner=key
+            )
+            if state.pid is not None:
+                leftovers.record(job_dir, state.pid)
             log.info("job %d.%d: rank %d started, pid %s", a.job_id, a.epoch, rank, state.pid)
         self._on_change()
+
+    def _report_lost(self, a: Assignment, ranks: list[tuple[int, int]], why: str) -> None:
+        """Record the ranks of an epoch this agent will not run as ended by the agent."""
+        key = (a.job_id, a.epoch)
+        launch = _Launch(a, delivered=notices.delivered(self.ctx.job_dir(*key)))
+        self._launches[key] = launch
+        for rank, local in ranks:
+            launch.ranks[rank] = local
+            out, err = self._log_paths(a, rank)
+            pkey = rank_key(a.job_id, a.epoch, rank)
+            self.procs.fail(pkey, why, code=None, signal=9, stdout=out, stderr=err, lost=True)
+
+    def _deliver_notices(self, a: Assignment, launch: _Launch) -> None:
+        """Send each notice not yet delivered for this launch: to every rank's process
+        group, and unless `batch_only` to the job's running srun step tasks too."""
+        for n in a.notices:
+            if n.id not in launch.delivered:
+                launch.delivered.add(n.id)
+                notices.remember(self.ctx.job_dir(a.job_id, a.epoch), n.id)
+                ranks = [rank_key(a.job_id, a.epoch, r) for r in launch.ranks]
+                notices.send(self.procs, a, ranks, n)
 
     def _argv(self, a: Assignment) -> tuple[list[str], str | None]:
         """The command to run, or (…, why it cannot run)."""
@@ -234,6 +299,12 @@ class Reconciler:
             if self._desired is None:
                 return None
             return next((a for a in self._desired.jobs if a.job_id == job_id), None)
+
+    def notices_delivered(self, job_id: int, epoch: int) -> set[int]:
+        """The notice ids delivered (or skipped) for a launch this node tracks."""
+        with self._lock:
+            launch = self._launches.get((job_id, epoch))
+            return set(launch.delivered) if launch is not None else set()
 
     def kill_grace_s(self) -> float:
         """Grace between SIGTERM and SIGKILL, from the head."""
@@ -301,6 +372,7 @@ def _status(job_id: int, epoch: int, rank: int, local: int, s: ProcState) -> Pro
         signal=s.signal,
         started_at=s.started_at,
         ended_at=s.ended_at,
+        lost=s.lost,
     )
 
 

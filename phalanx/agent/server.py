@@ -1,17 +1,26 @@
-"""The agent's own HTTP API: health, rank logs, and srun steps (docs/control-plane.md)."""
+"""The agent's own HTTP API: health, rank logs, srun steps, fault injection (control-plane.md)."""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, HTTPException, Query
+from fastapi import FastAPI, Header, HTTPException, Query, Response
 
 from phalanx import __version__
-from phalanx.api.models import ErrorBody, Health, LogChunk, StepLaunch, StepStatus
+from phalanx.api.models import (
+    ErrorBody,
+    FaultInjection,
+    Health,
+    LogChunk,
+    StepLaunch,
+    StepStatus,
+)
 
 from . import logfiles
+from .gpus import FaultRejected
 from .logfiles import Stream
 from .reconcile import Reconciler
 from .steps import StepExists, StepManager
@@ -26,9 +35,16 @@ Authorization = Annotated[str | None, Header()]
 Offset = Annotated[int, Query(ge=0)]
 
 
-def create_app(*, secret: str, reconciler: Reconciler, steps: StepManager) -> FastAPI:
-    """The agent API. `secret` is the agent secret the head holds (log proxy); srun
-    inside a job uses that job's step token, which only opens that job."""
+def create_app(
+    *,
+    secret: str,
+    reconciler: Reconciler,
+    steps: StepManager,
+    inject: Callable[[FaultInjection], None] | None = None,
+) -> FastAPI:
+    """The agent API. `secret` is the agent secret the head holds (log proxy, fault
+    injection); srun inside a job uses that job's step token, which only opens that job.
+    `inject` records a fault on fake GPUs (FakeProvider.inject); None: real GPUs."""
     app = FastAPI(title="Phalanx agent", version=__version__)
 
     def check(authorization: str | None, job_id: int, *, secret_ok: bool = True) -> None:
@@ -110,6 +126,31 @@ def create_app(*, secret: str, reconciler: Reconciler, steps: StepManager) -> Fa
         status = steps.status(job_id, step_id)
         assert status is not None
         return status
+
+    @app.post(
+        "/v1/faults",
+        status_code=204,
+        responses={
+            401: _ERRORS[401],
+            409: {"model": ErrorBody, "description": "this node has real GPUs"},
+            422: {"model": ErrorBody, "description": "no such GPU, or an inconsistent fault"},
+        },
+    )
+    def inject_fault(fault: FaultInjection, authorization: Authorization = None) -> Response:
+        token = _bearer(authorization)
+        if token is None or not hmac.compare_digest(token.encode(), secret.encode()):
+            raise HTTPException(401, "faults are injected by the head, with the agent secret")
+        if inject is None:
+            raise HTTPException(
+                409,
+                "this node has real GPUs: faults can only be injected on a node whose agent "
+                "runs with --fake-gpus",
+            )
+        try:
+            inject(fault)
+        except FaultRejected as e:
+            raise HTTPException(422, str(e)) from None
+        return Response(status_code=204)
 
     return app
 

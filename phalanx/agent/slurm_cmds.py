@@ -49,6 +49,11 @@ def srun_main(argv: Sequence[str]) -> int:
     step = StepRun(client, job, plan, workdir(opts), label=opts.label)
     # Handlers first: a signal that arrives while the step launches still cancels it.
     previous = {sig: signal.signal(sig, step.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # Notices (preemption, --signal, cancel --signal) reach the step's tasks from their
+    # agents directly; srun, in the batch script's process group, gets them too and must
+    # live on (their default action would end it and orphan the step).
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        previous[sig] = signal.signal(sig, signal.SIG_IGN)
     try:
         step.launch()
         return step.follow(kill_on_bad_exit=opts.kill_on_bad_exit)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from phalanx.api.models import Assignment, StepLaunch, StepStatus, StepTaskStatus
 
-from . import logfiles
+from . import leftovers, logfiles
 from .env import step_env
 from .processes import ProcessManager
 from .reconcile import JobKey, LaunchContext
@@ -67,7 +67,17 @@ class StepManager:
                 secrets=self.ctx.secrets,
             )
             key = task_key(a.job_id, req.step_id, task.task_id)
-            self.procs.start(key, task.argv, env=env, cwd=req.workdir, stdout=out, stderr=err)
+            state = self.procs.start(
+                key,
+                task.argv,
+                env=env,
+                cwd=req.workdir,
+                stdout=out,
+                stderr=err,
+                owner=(a.job_id, a.epoch),  # notices reach step tasks with the job's ranks
+            )
+            if state.pid is not None:
+                leftovers.record(self.ctx.job_dir(a.job_id, a.epoch), state.pid)
         log.info("job %d: step %d started %d task(s)", a.job_id, req.step_id, len(req.tasks))
         status = self.status(req.job_id, req.step_id)
         assert status is not None

@@ -24,6 +24,7 @@ Role = Literal["user", "team_admin", "admin"]
 NodeStateName = Literal["up", "down", "drain", "draining"]
 DependencyType = Literal["after", "afterok", "afterany", "afternotok"]
 
+SignalName = Annotated[str, StringConstraints(pattern=r"^SIG[A-Z0-9]+$")]
 Name = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@+-]+$")
 ]
@@ -53,7 +54,7 @@ class ArraySpec(Wire):
 class SignalSpec(Wire):
     """`--signal=[{R|B}:]SIG[@secs]`: send SIG this many seconds before the time limit."""
 
-    signal: Annotated[str, StringConstraints(pattern=r"^SIG[A-Z0-9]+$")] = "SIGUSR1"
+    signal: SignalName = "SIGUSR1"
     seconds_before: Annotated[int, Field(ge=0, le=65535)] = 60
     batch_only: bool = False  # `B:`: only the batch shell gets it
 
@@ -93,6 +94,14 @@ class JobSpec(Wire):
     preemptible: bool = True
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
     exclude_nodes: list[Name] = []
+    # Fault tolerance (docs/fault-tolerance.md). Restarts after a node failure, a hang, a
+    # GPU fault or a preemption count against max_restarts; so does a rank's non-zero
+    # exit when restart_on_failure is set (otherwise the job ends F).
+    restart_on_failure: bool = False
+    checkpoint_dir: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = None
+    preempt_signal: SignalName = "SIGUSR1"  # the preemption notice
+    preempt_grace_s: Annotated[int, Field(ge=0, le=86400)] | None = None  # None: the head's
+    hang_timeout_s: Annotated[int, Field(ge=0, le=7 * 86400)] | None = None  # 0: off
 
 
 class SubmitResponse(Wire):
@@ -165,7 +174,9 @@ class JobList(Wire):
 
 
 class CancelRequest(Wire):
-    signal: Annotated[str, StringConstraints(pattern=r"^SIG[A-Z0-9]+$")] | None = None
+    """`signal` set: deliver it to the job's processes instead of cancelling (scancel -s)."""
+
+    signal: SignalName | None = None
 
 
 class LogChunk(Wire):
@@ -251,6 +262,28 @@ class ProcessStatus(Wire):
     signal: int | None = None  # set when killed by a signal
     started_at: float
     ended_at: float | None = None
+    # The agent, not the job, ended it: fenced (no answer from the head for the lease) or
+    # lost when the agent restarted. The head treats it as a node failure (requeue).
+    lost: bool = False
+
+
+class GpuHealthEvent(Wire):
+    """Something the agent saw go wrong with a GPU (NVML, or injected on fake GPUs). Sent in
+    every heartbeat until the head acknowledges its `seq` (DesiredState.health_ack)."""
+
+    seq: Annotated[int, Field(ge=1)]
+    time: float
+    gpu: int | None  # GPU index on the node; None: the node as a whole
+    kind: Literal["xid", "ecc_uncorrectable", "row_remap_failure", "gpu_lost"]
+    code: int | None = None  # the XID number
+    message: str
+
+
+class NodeHealth(Wire):
+    events: list[GpuHealthEvent] = []  # not yet acknowledged, oldest first
+    # The first line of output of the first failing health-check script (NHC style:
+    # exit 0 is healthy); None while every check passes.
+    check_failure: str | None = None
 
 
 class Heartbeat(Wire):
@@ -263,6 +296,17 @@ class Heartbeat(Wire):
     processes: list[ProcessStatus] = []
     master_ports: dict[str, int] = {}  # job id → port picked by the rank-0 node
     gpus: list[GpuTelemetry] = []
+    health: NodeHealth = NodeHealth()
+
+
+class Notice(Wire):
+    """A signal the agent delivers once to a job's processes: a preemption notice, a time
+    limit's `--signal`, or `phalanx cancel --signal`."""
+
+    id: Annotated[int, Field(ge=1)]  # per job; the agent delivers each id once per epoch
+    signal: SignalName
+    batch_only: bool = False  # only the batch script's process, not srun steps
+    reason: str
 
 
 class Assignment(Wire):
@@ -297,14 +341,19 @@ class Assignment(Wire):
     step_token: str  # lets `srun` inside this job start tasks on its nodes
     account: str | None
     team: str
+    checkpoint_dir: str  # PHALANX_CHECKPOINT_DIR: the same for every restart of the job
+    preempt_signal: SignalName  # PHALANX_PREEMPT_SIGNAL
+    preempt_grace_s: float  # PHALANX_PREEMPT_DEADLINE: seconds from a notice to the kill
+    notices: list[Notice] = []
 
 
 class DesiredState(Wire):
     version: int
     jobs: list[Assignment]
     heartbeat_s: float
-    lease_s: float
+    lease_s: float  # the agent stops its jobs when the head has not answered for this long
     kill_grace_s: float
+    health_ack: int = 0  # the highest GpuHealthEvent.seq of this node the head has handled
 
 
 # ----------------------------------------------------------------------------- auth admin
@@ -390,6 +439,9 @@ class ErrorBody(Wire):
 class Health(Wire):
     status: Literal["ok"]
     version: str
+    # A standby head (PostgreSQL leader election, docs/high-availability.md) answers
+    # /healthz only; every other endpoint answers 503 until it becomes the leader.
+    role: Literal["leader", "standby"] = "leader"
 
 
 # ----------------------------------------------------------------------------- srun steps
@@ -420,3 +472,14 @@ class StepStatus(Wire):
     job_id: int
     step_id: int
     tasks: list[StepTaskStatus]
+
+
+# ----------------------------------------------------------------------------- faults
+class FaultInjection(Wire):
+    """An admin injects a GPU fault on a node with fake GPUs (tests, chaos, drills): the
+    agent reports it as if NVML had seen it. Refused (409) on a node with real GPUs."""
+
+    gpu: Annotated[int, Field(ge=0, le=MAX_GPUS_PER_NODE)] | None = None
+    kind: Literal["xid", "ecc_uncorrectable", "row_remap_failure", "gpu_lost"] = "xid"
+    code: Annotated[int, Field(ge=0, le=1000)] | None = None  # the XID number (kind xid)
+    message: Annotated[str, StringConstraints(max_length=500)] = "injected fault"

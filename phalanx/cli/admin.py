@@ -1,8 +1,8 @@
-"""`phalanx whoami` and `phalanx admin …`: users, API tokens, join tokens and teams."""
+"""`phalanx whoami` and `phalanx admin …`: users, tokens, join tokens, teams, fault injection."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -10,7 +10,7 @@ from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
 from phalanx.cli.output import console, fail, print_json, timestamp
 
 admin = typer.Typer(
-    help="Manage users, tokens, join tokens and teams (admin).",
+    help="Manage users, tokens, join tokens and teams; inject GPU faults (admin).",
     no_args_is_help=True,
 )
 user_app = typer.Typer(help="Users.", no_args_is_help=True)
@@ -244,6 +244,63 @@ def team_list(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt =
             ",".join(t.members),
         )
     console().print(table)
+
+
+FaultKind = Literal["xid", "ecc_uncorrectable", "row_remap_failure", "gpu_lost"]
+# `--kind` spelling → FaultInjection.kind
+FAULT_KINDS: dict[str, FaultKind] = {
+    "ecc": "ecc_uncorrectable",
+    "row-remap": "row_remap_failure",
+    "gpu-lost": "gpu_lost",
+}
+
+
+@admin.command("inject-fault")
+def inject_fault(
+    node: Annotated[
+        str, typer.Argument(help="Node name (see `phalanx nodes`).", show_default=False)
+    ],
+    gpu: Annotated[
+        int | None,
+        typer.Option(min=0, help="GPU index on the node (default: the node as a whole)."),
+    ] = None,
+    xid: Annotated[
+        int | None,
+        typer.Option(
+            min=0, max=1000, help="Inject this XID, e.g. 79 (critical) or 13 (application)."
+        ),
+    ] = None,
+    kind: Annotated[
+        str | None,
+        typer.Option(help="Inject another fault instead: ecc, row-remap or gpu-lost."),
+    ] = None,
+    message: Annotated[str, typer.Option(help="Text the event carries.")] = "injected fault",
+    head: HeadOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Make a node with fake GPUs report a GPU fault as NVML would (admin; drills, tests)."""
+    from pydantic import ValidationError
+
+    from phalanx.api.models import FaultInjection
+    from phalanx.api.xid import describe
+
+    if (xid is None) == (kind is None):
+        fail("give either --xid CODE or --kind ecc|row-remap|gpu-lost")
+    if kind is not None and kind not in FAULT_KINDS:
+        fail(f"--kind {kind!r}: expected one of {', '.join(FAULT_KINDS)}")
+    try:
+        fault = FaultInjection(
+            gpu=gpu,
+            kind=FAULT_KINDS[kind] if kind is not None else "xid",
+            code=xid,
+            message=message,
+        )
+    except ValidationError as exc:
+        fail(_first_error(exc))
+    with connect(head, token) as client:
+        client.inject_fault(node, fault)
+    where = f"GPU {gpu}" if gpu is not None else "the node"
+    typer.echo(f"node {node}: injected {describe(fault.kind, fault.code)} on {where}")
 
 
 def _first_error(exc: Exception) -> str:

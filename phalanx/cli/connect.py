@@ -18,7 +18,8 @@ HeadOpt = Annotated[
     str | None,
     typer.Option(
         "--head",
-        help="Head URL (default: $PHALANX_HEAD, then the client config).",
+        help="Head URL, or several comma-separated (a leader and its standbys) "
+        "(default: $PHALANX_HEAD, then the client config).",
         show_default=False,
     ),
 ]

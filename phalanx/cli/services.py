@@ -32,16 +32,61 @@ def head(
             help="Database URL, e.g. postgresql+psycopg://… (default: SQLite in the state dir)."
         ),
     ] = None,
+    heartbeat: Annotated[
+        float, typer.Option(min=0.1, max=30, help="Seconds between agent heartbeats.")
+    ] = 2.0,
+    lease: Annotated[
+        float,
+        typer.Option(
+            min=0.5,
+            max=3600,
+            help="A node silent this long is marked down; its agent stops its jobs after as "
+            "long without the head, and they are requeued once --requeue-margin more has "
+            "passed (at least 3 heartbeats).",
+        ),
+    ] = 8.0,
+    requeue_margin: Annotated[
+        float, typer.Option(min=0, max=600, help="Seconds after the lease before requeueing.")
+    ] = 2.0,
+    kill_grace: Annotated[
+        float, typer.Option(min=0, max=3600, help="Seconds between SIGTERM and SIGKILL.")
+    ] = 5.0,
+    preempt_grace: Annotated[
+        float,
+        typer.Option(
+            min=0, max=86400, help="Seconds a preempted job has to checkpoint (its own wins)."
+        ),
+    ] = 60.0,
+    hang_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=7 * 86400,
+            help="A job that reports progress and then goes silent this long is restarted "
+            "(its own --hang-timeout wins; 0: off).",
+        ),
+    ] = 600.0,
 ) -> None:
     """Run the head: REST API, scheduler and state (blocks; Ctrl-C stops it)."""
+    from phalanx.head.mirror import Settings
     from phalanx.head.server import serve
 
+    if lease < 3 * heartbeat:
+        fail(f"--lease {lease:g} must be at least 3 heartbeats (--heartbeat {heartbeat:g})")
+    settings = Settings(
+        heartbeat_s=heartbeat,
+        lease_s=lease,
+        requeue_margin_s=requeue_margin,
+        kill_grace_s=kill_grace,
+        preempt_grace_s=preempt_grace,
+        hang_timeout_s=hang_timeout,
+    )
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         fail(f"cannot create the state dir {state_dir}: {exc.strerror}")
     with contextlib.suppress(KeyboardInterrupt):
-        serve(state_dir, host, port, db)
+        serve(state_dir, host, port, db, settings)
 
 
 def _labels(values: list[str]) -> dict[str, str]:
@@ -55,7 +100,14 @@ def _labels(values: list[str]) -> dict[str, str]:
 
 
 def agent(
-    head_url: Annotated[str, typer.Option("--head", help="The head's URL.", show_default=False)],
+    head_url: Annotated[
+        str,
+        typer.Option(
+            "--head",
+            help="The head's URL, or several comma-separated (a leader and its standbys).",
+            show_default=False,
+        ),
+    ],
     address: Annotated[
         str,
         typer.Option(help="This node's address, as other nodes reach it.", show_default=False),
@@ -92,6 +144,17 @@ def agent(
         list[str] | None,
         typer.Option(help="Topology label KEY=VALUE, repeatable (rack=r1, block=b1)."),
     ] = None,
+    health_check: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="NHC-style health-check script, repeatable: exit 0 is healthy; otherwise the "
+            "first line of its output is reported and the head drains the node.",
+            dir_okay=False,
+        ),
+    ] = None,
+    health_interval: Annotated[
+        float, typer.Option(help="Seconds between health-check runs (also their timeout).")
+    ] = 30.0,
 ) -> None:
     """Run an agent on this server: join the head, run the jobs it assigns (blocks)."""
     from phalanx.agent.main import AgentConfig, AgentError, run_agent
@@ -113,6 +176,8 @@ def agent(
         gpu_model=gpu_model,
         state_dir=directory,
         labels=_labels(label or []),
+        health_checks=tuple(health_check or ()),
+        health_interval_s=health_interval,
     )
     try:
         run_agent(config)

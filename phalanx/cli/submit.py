@@ -102,6 +102,28 @@ def submit(
     max_restarts: Annotated[
         str | None, _opt("--max-restarts", help="Restarts after failures.")
     ] = None,
+    restart_on_failure: Annotated[
+        bool | None,
+        typer.Option(
+            "--restart-on-failure/--no-restart-on-failure",
+            help="Restart (counts against --max-restarts) when a rank exits non-zero.",
+        ),
+    ] = None,
+    checkpoint_dir: Annotated[
+        str | None,
+        _opt("--checkpoint-dir", help="Checkpoints, kept across restarts; relative to -D."),
+    ] = None,
+    preempt_signal: Annotated[
+        str | None, _opt("--preempt-signal", help="Preemption notice signal (default USR1).")
+    ] = None,
+    preempt_grace: Annotated[
+        str | None,
+        _opt("--preempt-grace", help="Notice to kill: seconds or H:MM:SS (default 60)."),
+    ] = None,
+    hang_timeout: Annotated[
+        str | None,
+        _opt("--hang-timeout", help="Restart after this long without progress; 0: off."),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the parsed job spec; submit nothing.")
     ] = False,
@@ -149,6 +171,11 @@ def submit(
         constraint=constraint,
         exclude=exclude,
         max_restarts=max_restarts,
+        restart_on_failure=restart_on_failure,
+        checkpoint_dir=checkpoint_dir,
+        preempt_signal=preempt_signal,
+        preempt_grace=preempt_grace,
+        hang_timeout=hang_timeout,
     )
     spec = _build(spec_file, command, cli_opts)
     if dry_run:

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -13,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from phalanx.api.models import (
     CancelRequest,
     DrainRequest,
+    FaultInjection,
     Health,
     JobDetail,
     JobInfo,
@@ -34,8 +39,18 @@ from phalanx.api.models import (
     WhoAmI,
 )
 
+log = logging.getLogger("phalanx.client")
 M = TypeVar("M", bound=BaseModel)
 Params = Mapping[str, str | int | float | bool]
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+# Answers that mean "nothing was done, ask again (maybe another head)": a standby or a
+# restarting head (503), a proxy in front of a head that is down (502, 504).
+_TRY_AGAIN = frozenset({502, 503, 504})
+# Methods safe to send again after the head may have received them (GET reads; PUT and
+# DELETE are idempotent). A POST moves to the next head only if it never left (connect
+# error) or the head refused it unread (503); a keyed submit is safe anyway.
+_RESENDABLE = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+_FIRST_PAUSE_S = 0.1  # between submit attempts, doubling up to 2 s
 
 
 class ApiError(Exception):
@@ -46,6 +61,18 @@ class ApiError(Exception):
         super().__init__(detail if status is None else f"{detail} (HTTP {status})")
         self.status = status
         self.detail = detail
+
+
+class HeadUnreachable(ApiError):
+    """No head answered (connection refused, timed out, or cut mid-answer): status None."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(None, detail)
+
+
+def new_idempotency_key() -> str:
+    """A fresh random key for one submit (32 hex digits)."""
+    return uuid.uuid4().hex
 
 
 def _detail(response: httpx.Response) -> str:
@@ -71,16 +98,34 @@ def _detail(response: httpx.Response) -> str:
 
 
 class PhalanxClient:
-    """A session with one head. Every method returns the wire model of its endpoint
-    (phalanx.api.models) or raises ApiError."""
+    """A session with a head. Every method returns the wire model of its endpoint
+    (phalanx.api.models) or raises ApiError.
 
-    def __init__(self, url: str, token: str | None, *, timeout: float = 30.0) -> None:
-        self.url = url.rstrip("/")
+    `url` may name several heads (a list, or one string with commas: a leader and its
+    standbys, docs/high-availability.md): a request goes to the one that answered last,
+    and moves on to the next when a head cannot be reached or answers 503 (a standby).
+    `submit` also retries for up to `submit_retry_s` while no head can take it (a head
+    restarting or failing over), with the same idempotency key, so it is created once.
+    """
+
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        token: str | None,
+        *,
+        timeout: float = 30.0,
+        submit_retry_s: float = 30.0,
+    ) -> None:
+        self.urls = _head_urls(url)
+        self.submit_retry_s = submit_retry_s
+        self._current = 0
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        try:
-            self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
-        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-            raise ApiError(None, f"invalid head URL {url!r}: {exc}") from None
+        self._http = httpx.Client(headers=headers, timeout=timeout)
+
+    @property
+    def url(self) -> str:
+        """The head URL in use: the one that answered last (the first to begin with)."""
+        return self.urls[self._current]
 
     def __enter__(self) -> PhalanxClient:
         return self
@@ -105,19 +150,42 @@ class PhalanxClient:
         *,
         body: BaseModel | None = None,
         params: Params | None = None,
+        headers: Mapping[str, str] | None = None,
+        resendable: bool = False,
     ) -> httpx.Response:
+        """One request, to each head in turn from the one that answered last (see class)."""
         payload: Any = None if body is None else body.model_dump(mode="json")
-        try:
-            response = self._http.request(method, path, json=payload, params=params)
-        except httpx.TimeoutException:
-            raise ApiError(None, f"the head at {self.url} did not answer in time") from None
-        except (httpx.InvalidURL, httpx.UnsupportedProtocol) as exc:
-            raise ApiError(None, f"invalid head URL {self.url!r}: {exc}") from None
-        except httpx.TransportError as exc:
-            raise ApiError(None, f"cannot reach head at {self.url}: {exc}") from None
-        if response.status_code >= 400:
-            raise ApiError(response.status_code, _detail(response))
-        return response
+        resendable = resendable or method in _RESENDABLE
+        problems: list[str] = []
+        refused: httpx.Response | None = None
+        for step in range(len(self.urls)):
+            index = (self._current + step) % len(self.urls)
+            url = self.urls[index]
+            try:
+                response = self._http.request(
+                    method, url + path, json=payload, params=params, headers=headers
+                )
+            except httpx.TimeoutException as exc:
+                problems.append(f"the head at {url} did not answer in time")
+                if not (resendable or isinstance(exc, httpx.ConnectTimeout)):
+                    raise HeadUnreachable(problems[-1]) from None
+                continue
+            except httpx.TransportError as exc:
+                problems.append(f"cannot reach head at {url}: {exc}")
+                if not (resendable or isinstance(exc, httpx.ConnectError)):
+                    # It may have been received: sending it again could repeat it.
+                    raise HeadUnreachable(problems[-1]) from None
+                continue
+            if response.status_code == 503:
+                refused = response  # a standby or a restarting head: it did nothing
+                continue
+            self._current = index
+            if response.status_code >= 400:
+                raise ApiError(response.status_code, _detail(response))
+            return response
+        if refused is not None:
+            raise ApiError(refused.status_code, _detail(refused))
+        raise HeadUnreachable("; ".join(problems))
 
     def _call(
         self,
@@ -127,8 +195,12 @@ class PhalanxClient:
         *,
         body: BaseModel | None = None,
         params: Params | None = None,
+        headers: Mapping[str, str] | None = None,
+        resendable: bool = False,
     ) -> M:
-        response = self._request(method, path, body=body, params=params)
+        response = self._request(
+            method, path, body=body, params=params, headers=headers, resendable=resendable
+        )
         try:
             return model.model_validate_json(response.content)
         except ValidationError as exc:
@@ -149,9 +221,35 @@ class PhalanxClient:
         return self._call(WhoAmI, "GET", "/v1/whoami")
 
     # ------------------------------------------------------------------ jobs
-    def submit(self, spec: JobSpec) -> SubmitResponse:
-        """Submit a job (or an array): the new job ids and the head's warnings."""
-        return self._call(SubmitResponse, "POST", "/v1/jobs", body=spec)
+    def submit(self, spec: JobSpec, *, idempotency_key: str | None = None) -> SubmitResponse:
+        """Submit a job (or an array): the new job ids and the head's warnings.
+
+        Sends an idempotency key (a new random one unless given) and, while no head can
+        take the submit (unreachable, restarting, a standby: 502/503/504), tries again
+        with the same key, backing off, for up to `submit_retry_s`: a submit whose answer
+        was lost is answered with the job it created, never a second job.
+        """
+        key = idempotency_key or new_idempotency_key()
+        headers = {IDEMPOTENCY_HEADER: key}
+        deadline = time.monotonic() + self.submit_retry_s
+        pause = _FIRST_PAUSE_S
+        while True:
+            try:
+                return self._call(
+                    SubmitResponse, "POST", "/v1/jobs", body=spec, headers=headers, resendable=True
+                )
+            except ApiError as exc:
+                again = isinstance(exc, HeadUnreachable) or exc.status in _TRY_AGAIN
+                if not again or time.monotonic() + pause > deadline:
+                    raise
+                if pause == _FIRST_PAUSE_S:  # once per submit: the CLI shows it on stderr
+                    log.warning(
+                        "%s; trying the submit again for up to %.0fs (it will not run twice)",
+                        exc.detail,
+                        self.submit_retry_s,
+                    )
+            time.sleep(pause)
+            pause = min(pause * 2, 2.0)
 
     def jobs(
         self,
@@ -218,6 +316,11 @@ class PhalanxClient:
         """Put a drained node back in service."""
         return self._call(NodeInfo, "POST", f"/v1/nodes/{name}/resume")
 
+    def inject_fault(self, node: str, fault: FaultInjection) -> None:
+        """Make a node with fake GPUs report `fault` as if NVML had seen it (admin; the
+        head answers 409 for a node with real GPUs, 422 for a GPU it does not have)."""
+        self._request("POST", f"/v1/nodes/{quote(node, safe='')}/faults", body=fault)
+
     # ------------------------------------------------------------------ admin
     def users(self) -> UserList:
         """Every user (admin)."""
@@ -251,3 +354,19 @@ class PhalanxClient:
     def set_team(self, team: TeamSpec) -> TeamInfo:
         """Create or update a team (admin)."""
         return self._call(TeamInfo, "PUT", f"/v1/teams/{team.name}", body=team)
+
+
+def _head_urls(url: str | Sequence[str]) -> tuple[str, ...]:
+    """Head URLs from one string (commas between several) or a list; ApiError if bad."""
+    items = url.split(",") if isinstance(url, str) else list(url)
+    urls = tuple(item.strip().rstrip("/") for item in items)
+    if not urls or not all(urls):
+        raise ApiError(None, f"invalid head URL {url!r}: expected URL or URL1,URL2,…")
+    for one in urls:
+        try:
+            parsed = httpx.URL(one)
+        except httpx.InvalidURL as exc:
+            raise ApiError(None, f"invalid head URL {one!r}: {exc}") from None
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ApiError(None, f"invalid head URL {one!r}: expected http(s)://HOST:PORT")
+    return urls

@@ -21,10 +21,16 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class ClientConfig:
-    """Where the head is and the API token to use with it."""
+    """Where the head is and the API token to use with it. `head` may list several heads,
+    comma-separated (a leader and its standbys); PhalanxClient takes the string as is."""
 
     head: str
     token: str
+
+    @property
+    def heads(self) -> list[str]:
+        """Each head URL of `head`, in order."""
+        return self.head.split(",")
 
 
 def config_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -58,6 +64,8 @@ def load_file(path: Path) -> dict[str, str]:
         value = data.get(key)
         if value is None:
             continue
+        if key == "head" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+            value = ",".join(value)  # several heads: ["http://h1:8265", "http://h2:8265"]
         if not isinstance(value, str) or not value:
             raise ConfigError(f"{path}: {key!r} must be a non-empty string")
         out[key] = value
@@ -88,7 +96,8 @@ def resolve(
     token: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ClientConfig:
-    """Head URL and token, each from the flag, else `PHALANX_HEAD`/`PHALANX_TOKEN`, else the file.
+    """Head URL(s) and token, each from the flag, else `PHALANX_HEAD`/`PHALANX_TOKEN`, else
+    the file. Several heads are comma-separated (`URL1,URL2`) or, in the file, a list.
 
     Raises ConfigError naming what is missing and how to provide it.
     """
@@ -107,4 +116,13 @@ def resolve(
             f"cluster, or pass --head URL --token TOKEN (or set {HEAD_ENV}/{TOKEN_ENV}, "
             f"or write {path})"
         )
-    return ClientConfig(head=head.rstrip("/"), token=token)
+    return ClientConfig(head=normalize_heads(head), token=token)
+
+
+def normalize_heads(head: str) -> str:
+    """`URL` or `URL1,URL2,…` without blanks and trailing slashes; ConfigError if a URL of
+    the list is empty."""
+    urls = [url.strip().rstrip("/") for url in head.split(",")]
+    if not all(urls):
+        raise ConfigError(f"head URL list {head!r} has an empty entry: expected URL1,URL2,…")
+    return ",".join(urls)

@@ -20,6 +20,7 @@ from phalanx.api import models as m
 from phalanx.head import jobs, store
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
+from phalanx.head.leader import Role
 from phalanx.head.service import Head
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
@@ -38,10 +39,26 @@ COMMON: dict[int | str, dict[str, Any]] = {
     403: _err("the token may not do this"),
     413: _err("request body too large"),
     422: _err("invalid request"),
-    503: _err("the head is restarting"),
+    503: _err("the head is restarting, or is a standby (docs/high-availability.md)"),
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: _err("no such object")}
 CONFLICT: dict[int | str, dict[str, Any]] = {409: _err("conflicts with the current state")}
+REPEATED: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": m.SubmitResponse,
+        "description": "this Idempotency-Key was submitted before: the jobs it created",
+    }
+}
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_PARAMETER: dict[str, Any] = {
+    "name": IDEMPOTENCY_HEADER,
+    "in": "header",
+    "required": False,
+    "description": "Makes a retried submit safe: the same user sending the same key again "
+    "gets the same job ids (200) instead of a new job.",
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
+}
+STANDBY_DETAIL = "standby head: the leader is elsewhere"
 BAD_GATEWAY: dict[int | str, dict[str, Any]] = {
     502: _err("the node holding the logs is unreachable")
 }
@@ -133,7 +150,36 @@ def _too_large() -> JSONResponse:
     return _json(413, f"request body larger than {MAX_BODY_BYTES} bytes")
 
 
-def create_app(head: Head) -> FastAPI:
+class StandbyGate:
+    """A standby head answers /healthz only; every other request gets 503 (and Retry-After)
+    until it becomes the leader (plain ASGI, like BodyLimit)."""
+
+    def __init__(self, app: ASGIApp, role: Role) -> None:
+        self.app = app
+        self.role = role
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.role.leader and scope["path"] != "/healthz":
+            await _json(503, STANDBY_DETAIL, {"Retry-After": "1"})(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _idempotency_key(request: Request) -> str | None:
+    """The `Idempotency-Key` header (None without one); 422 if it is malformed."""
+    key = request.headers.get(IDEMPOTENCY_HEADER)
+    if key is None or jobs.IDEMPOTENCY_KEY.fullmatch(key):
+        return key
+    raise HeadError(
+        422,
+        f"{IDEMPOTENCY_HEADER} must be 1 to 128 characters from A-Z a-z 0-9 _ . : - "
+        f"(got {key[:40]!r}{'…' if len(key) > 40 else ''})",
+    )
+
+
+def create_app(head: Head, role: Role | None = None) -> FastAPI:
+    """The API of `head`; with `role`, a standby gate (see StandbyGate) in front of it."""
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         head.loop = asyncio.get_running_loop()
@@ -151,6 +197,9 @@ def create_app(head: Head) -> FastAPI:
     app.state.head = head
 
     app.add_middleware(BodyLimit)
+    role = role or Role(leader=True)
+    app.add_middleware(StandbyGate, role=role)  # outermost: a standby reads no body
+    keys = jobs.SubmitKeys()  # idempotency keys of live jobs (the control thread's)
 
     @app.exception_handler(HeadError)
     async def _head_error(_r: Request, e: HeadError) -> JSONResponse:
@@ -174,7 +223,7 @@ def create_app(head: Head) -> FastAPI:
 
     @app.get("/healthz", response_model=m.Health, responses={})
     def healthz() -> m.Health:
-        return m.Health(status="ok", version=__version__)
+        return m.Health(status="ok", version=__version__, role=role.name)
 
     @app.get("/v1/whoami", response_model=m.WhoAmI)
     def whoami(who: User) -> m.WhoAmI:
@@ -187,8 +236,9 @@ def create_app(head: Head) -> FastAPI:
         "/v1/jobs",
         status_code=201,
         response_model=m.SubmitResponse,
-        responses=NOT_FOUND,
+        responses={**NOT_FOUND, **REPEATED},
         openapi_extra={
+            "parameters": [IDEMPOTENCY_PARAMETER],
             "requestBody": {
                 "required": True,
                 "content": {"application/json": {"schema": {"$ref": JOBSPEC_REF}}},
@@ -198,15 +248,25 @@ def create_app(head: Head) -> FastAPI:
     )
     async def submit(request: Request) -> Response:
         who = head.require_user(head.authenticate(_bearer_token(request)))
+        key = _idempotency_key(request)
         raw = await request.body()
         try:
             spec = m.JobSpec.model_validate_json(raw)
         except ValidationError as e:
             raise RequestValidationError(e.errors()) from None
-        result = await asyncio.wrap_future(
-            head.control.submit_op(lambda tx: _submit(head, tx, who, spec))
-        )
-        return Response(result.model_dump_json(), status_code=201, media_type="application/json")
+        status = 201
+        if key is None:
+            result = await asyncio.wrap_future(
+                head.control.submit_op(lambda tx: _submit(head, tx, who, spec))
+            )
+        else:
+            result, created = await asyncio.wrap_future(
+                head.control.submit_op(
+                    lambda tx: jobs.submit_once(head.mirror, keys, tx, who, spec, key)
+                )
+            )
+            status = 201 if created else 200
+        return Response(result.model_dump_json(), status_code=status, media_type="application/json")
 
     @app.get("/v1/jobs", response_model=m.JobList)
     def list_jobs(
@@ -233,8 +293,7 @@ def create_app(head: Head) -> FastAPI:
     )
     def cancel(job_id: JobId, who: User, body: m.CancelRequest | None = None) -> m.JobInfo:
         if body is not None and body.signal is not None:
-            # Sending a signal without ending the job comes with cooperative preemption.
-            raise HeadError(422, "cancel --signal is not supported yet; cancel ends the job")
+            return head.signal(who, job_id, body.signal)  # scancel --signal: deliver it only
         return head.cancel(who, job_id)
 
     @app.get(
@@ -286,6 +345,38 @@ def create_app(head: Head) -> FastAPI:
     @app.post("/v1/nodes/{name}/resume", response_model=m.NodeInfo, responses=NOT_FOUND)
     def resume(name: str, who: Admin) -> m.NodeInfo:
         return head.set_drain(name, None)
+
+    @app.post(
+        "/v1/nodes/{name}/faults",
+        status_code=204,
+        responses={
+            **NOT_FOUND,
+            409: _err("the node has real GPUs: faults are injected only on fake ones"),
+            502: _err("the node's agent is unreachable"),
+        },
+    )
+    async def inject_fault(
+        request: Request, name: str, body: m.FaultInjection, who: Admin
+    ) -> Response:
+        """Make a node with fake GPUs report a GPU fault, as if NVML had seen it."""
+        node = head.fault_target(name)
+        client: httpx.AsyncClient = request.app.state.http
+        try:
+            r = await client.post(
+                f"{node.agent_url}/v1/faults",
+                content=body.model_dump_json(),
+                headers={
+                    "Authorization": f"Bearer {node.agent_secret}",
+                    "Content-Type": "application/json",
+                },
+            )
+        except httpx.HTTPError as e:
+            raise HeadError(502, f"node {name} is unreachable: {e}") from None
+        if r.status_code in (409, 422):
+            raise HeadError(r.status_code, f"node {name}: {_agent_detail(r)}")
+        if r.status_code != 204:
+            raise HeadError(502, f"node {name} answered {r.status_code}: {_agent_detail(r)}")
+        return Response(status_code=204)
 
     # ----------------------------------------------------------------- admin
     @app.get("/v1/users", response_model=m.UserList)
@@ -340,6 +431,15 @@ def create_app(head: Head) -> FastAPI:
 
 def _submit(head: Head, tx: Any, who: Principal, spec: m.JobSpec) -> m.SubmitResponse:
     return jobs.submit(head.mirror, tx, who, spec)
+
+
+def _agent_detail(r: httpx.Response) -> str:
+    """An agent's error `detail` (its text if it is not the usual JSON), one line."""
+    try:
+        detail = r.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return detail if isinstance(detail, str) else r.text[:200]
 
 
 def _bearer_token(request: Request) -> str | None:

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from sqlalchemy import Engine
 
 from phalanx.core import Team
-from phalanx.head import lifecycle, scheduling, store
+from phalanx.head import clock, scheduling, store
 from phalanx.head.mirror import Mirror, Settings, Tx
 
 log = logging.getLogger("phalanx.head")
@@ -139,7 +139,7 @@ class ControlThread:
                         results.append((op, None, e))
                 now = time.time()
                 if tick:
-                    lifecycle.tick(self.mirror, tx, now)
+                    clock.tick(self.mirror, tx, now)
                 self._kicked = self._kicked or tx.kick or self.mirror.core_dirty
                 due = time.monotonic() >= self._last_cycle + CYCLE_MIN_INTERVAL_S
                 if tick or (self._kicked and due):

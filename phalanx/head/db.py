@@ -112,10 +112,15 @@ jobs = Table(
     Column("step_token", String(128), nullable=True),  # job-scoped, valid while it runs
     Column("stopping", String(16), nullable=True),  # cancel | timeout | fail | complete | preempt
     Column("pending_exit", String(32), nullable=True),  # exit code decided while stopping
+    Column("avoid_json", Text, nullable=True),  # nodes that failed this job: placed elsewhere
+    Column("notices_json", Text, nullable=True),  # signals to deliver (preemption, --signal)
+    Column("notice_deadline", Float, nullable=True),  # a preemption notice's kill time
+    Column("client_token", String(128), nullable=True),  # idempotent submit, per user
 )
 Index("ix_jobs_state", jobs.c.state)
 Index("ix_jobs_user", jobs.c.user)
 Index("ix_jobs_end_time", jobs.c.end_time)
+Index("ix_jobs_client_token", jobs.c.user, jobs.c.client_token, unique=True)
 
 events = Table(
     "events",

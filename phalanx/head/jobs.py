@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from phalanx.api.models import JobSpec, SubmitResponse
@@ -15,8 +16,13 @@ from phalanx.head.records import QOS_PRIORITY, JobRecord
 from phalanx.head.scheduling import core_request
 
 
-def submit(mirror: Mirror, tx: Tx, who: Principal, spec: JobSpec) -> SubmitResponse:
-    """Validate everything first (a refusal changes nothing), then store and queue the job."""
+def submit(
+    mirror: Mirror, tx: Tx, who: Principal, spec: JobSpec, client_token: str | None = None
+) -> SubmitResponse:
+    """Validate everything first (a refusal changes nothing), then store and queue the job.
+
+    `client_token` (an idempotency key, see `submit_once`) is stored on the first record
+    only (an array's first task): the unique index on (user, client_token) allows one."""
     assert who.user is not None
     team = spec.team or who.default_team or (min(who.teams) if who.teams else None)
     if team is None:
@@ -66,6 +72,7 @@ def submit(mirror: Mirror, tx: Tx, who: Principal, spec: JobSpec) -> SubmitRespo
             array_job_id=first if spec.array else None,
             array_task_id=index,
             in_core=k < cap,
+            client_token=client_token if k == 0 else None,
         )
         if not rec.in_core:
             rec.reason = "JobArrayTaskLimit"
@@ -87,6 +94,57 @@ def submit(mirror: Mirror, tx: Tx, who: Principal, spec: JobSpec) -> SubmitRespo
     return SubmitResponse(
         job_ids=[r.id for r in records], array_job_id=first if spec.array else None
     )
+
+
+# An idempotency key (the `Idempotency-Key` header of POST /v1/jobs).
+IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+class SubmitKeys:
+    """Which job each (user, idempotency key) created, for the jobs in the mirror.
+
+    A cache in front of the database: a job that left the mirror (ended) was written
+    through `tx.update_job` first, so the database, read in the same transaction, has it.
+    Owned by the control thread (built on first use, after the mirror was loaded).
+    """
+
+    def __init__(self) -> None:
+        self._first: dict[tuple[str, str], int] = {}
+        self._built = False
+
+    def find(self, mirror: Mirror, tx: Tx, user: str, key: str) -> JobRecord | None:
+        """The first job `user` submitted with `key` (live or ended), or None."""
+        if not self._built or len(self._first) > 2 * len(mirror.jobs) + 1024:
+            # (Re)build from the live jobs: drops entries of ended jobs, keeps memory bounded.
+            self._first = {
+                (r.user, r.client_token): r.id for r in mirror.jobs.values() if r.client_token
+            }
+            self._built = True
+        job_id = self._first.get((user, key))
+        rec = mirror.jobs.get(job_id) if job_id is not None else None
+        if rec is not None and rec.client_token == key and rec.user == user:
+            return rec
+        return store.job_by_client_token(tx.conn, user, key)
+
+    def add(self, user: str, key: str, job_id: int) -> None:
+        self._first[(user, key)] = job_id
+
+
+def submit_once(
+    mirror: Mirror, keys: SubmitKeys, tx: Tx, who: Principal, spec: JobSpec, key: str
+) -> tuple[SubmitResponse, bool]:
+    """An idempotent submit: the first time `who` sends `key`, `submit` (and True); every
+    later time, live or ended, before or after a head restart, the same answer (and False).
+    A repeat's spec is not compared: the key alone names the submit."""
+    assert who.user is not None
+    rec = keys.find(mirror, tx, who.user, key)
+    if rec is not None:
+        tasks = len(rec.spec.array.indices) if rec.spec.array else 1
+        array = rec.array_job_id if rec.spec.array else None
+        return SubmitResponse(job_ids=[rec.id + k for k in range(tasks)], array_job_id=array), False
+    answer = submit(mirror, tx, who, spec, client_token=key)
+    keys.add(who.user, key, answer.job_ids[0])
+    return answer, True
 
 
 def _check_capacity(mirror: Mirror, spec: JobSpec) -> None:
@@ -118,7 +176,22 @@ def _check_capacity(mirror: Mirror, spec: JobSpec) -> None:
         )
 
 
+def signal(mirror: Mirror, tx: Tx, who: Principal, job_id: int, sig: str) -> JobRecord:
+    """`phalanx cancel --signal SIG`: the job's agents deliver SIG to its processes once."""
+    rec = _own_live_job(mirror, tx, who, job_id)
+    if rec.state not in ("R", "PR") or rec.stopping is not None:
+        raise HeadError(409, f"job {job_id} is not running ({rec.state}): nothing to signal")
+    lifecycle.notify(mirror, tx, rec, sig, f"sent by {who.user or 'an admin'}", time.time())
+    return rec
+
+
 def cancel(mirror: Mirror, tx: Tx, who: Principal, job_id: int) -> JobRecord:
+    rec = _own_live_job(mirror, tx, who, job_id)
+    lifecycle.cancel(mirror, tx, rec, time.time(), who.user or "an admin")
+    return rec
+
+
+def _own_live_job(mirror: Mirror, tx: Tx, who: Principal, job_id: int) -> JobRecord:
     rec = mirror.jobs.get(job_id)
     if rec is None:
         tx.flush()
@@ -128,5 +201,4 @@ def cancel(mirror: Mirror, tx: Tx, who: Principal, job_id: int) -> JobRecord:
         raise HeadError(409, f"job {job_id} already ended ({ended.state})")
     if not who.may_see_job(rec.user, rec.team):
         raise HeadError(403, f"job {job_id} belongs to {rec.user} (team {rec.team})")
-    lifecycle.cancel(mirror, tx, rec, time.time(), who.user or "an admin")
     return rec

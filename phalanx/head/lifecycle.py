@@ -1,18 +1,18 @@
-"""Job and node transitions the head makes from what agents report and from the clock."""
+"""How a job is torn down, and what it becomes after: ended, or requeued to run again."""
 
 from __future__ import annotations
 
 import logging
 
-from phalanx.api.models import REQUEUE_EXIT_CODE, Heartbeat, ProcessStatus
+from phalanx.api.models import Notice
 from phalanx.core import JobState
-from phalanx.head import store
 from phalanx.head.mirror import Mirror, Tx
-from phalanx.head.records import JobRecord, NodeRecord
+from phalanx.head.records import JobRecord
 
 log = logging.getLogger("phalanx.head")
 
-# Why a job is torn down → the state it ends in.
+# Why a job is torn down → the state it ends in. "preempt" and "requeue" put it back in
+# the queue instead (PD).
 FINAL_STATE = {
     "complete": "CD",
     "fail": "F",
@@ -20,7 +20,11 @@ FINAL_STATE = {
     "timeout": "TO",
     "node_fail": "NF",
 }
-NO_HEARTBEAT = "no heartbeat"
+REQUEUE = ("preempt", "requeue")
+# A node that failed this many jobs within the window is kept out of the next placement
+# of the job it failed (when enough other nodes exist).
+BLAME_THRESHOLD = 2
+BLAME_WINDOW_S = 3600.0
 
 
 def begin_stop(
@@ -38,6 +42,7 @@ def begin_stop(
     rec.stopping = why
     rec.pending_exit = exit_code
     rec.state = "CG"
+    rec.notice_deadline = None
     for node, _ in rec.placement:
         mirror.bump(tx, node)
         rec.stop_version[node] = mirror.nodes[node].version if node in mirror.nodes else 0
@@ -46,19 +51,69 @@ def begin_stop(
     settle(mirror, tx, rec, now)
 
 
+def restart_or_end(
+    mirror: Mirror,
+    tx: Tx,
+    rec: JobRecord,
+    code: str,
+    message: str,
+    now: float,
+    *,
+    end_as: str = "fail",
+    exit_code: str | None = None,
+    blame: str | None = None,
+) -> None:
+    """Something went wrong that a restart may fix: requeue while the job's restart budget
+    lasts (and it allows requeueing), else end it as `end_as`. `blame` names the node at
+    fault, remembered so a node that keeps failing jobs is avoided next time."""
+    if blame is not None:
+        _blame(mirror, tx, rec, blame, now)
+    if rec.stopping is not None:
+        return
+    if rec.spec.requeue and rec.restart_count < rec.spec.max_restarts:
+        rec.reason, rec.reason_message = code, message
+        tx.event(now, code.lower(), message, rec.id, node=blame)
+        begin_stop(mirror, tx, rec, "requeue", None, f"{message}; requeueing", now)
+        return
+    if not rec.spec.requeue:
+        why = f"{message}; not requeued (--no-requeue)"
+    else:
+        why = f"{message}; no restarts left (max_restarts {rec.spec.max_restarts})"
+    rec.reason, rec.reason_message = code, why
+    tx.event(now, code.lower(), why, rec.id, node=blame)
+    begin_stop(mirror, tx, rec, end_as, exit_code, why, now)
+
+
+def _blame(mirror: Mirror, tx: Tx, rec: JobRecord, node: str, now: float) -> None:
+    recent = [t for t in mirror.node_failures.get(node, []) if now - t < BLAME_WINDOW_S]
+    recent.append(now)
+    mirror.node_failures[node] = recent
+    if len(recent) >= BLAME_THRESHOLD and node not in rec.avoid:
+        rec.avoid.append(node)
+        message = f"node {node} failed {len(recent)} jobs within the hour: placed elsewhere"
+        tx.event(now, "avoid_node", message, rec.id, node=node)
+
+
 def settle(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
     """If every node of a stopping job has confirmed its processes gone, end (or requeue) it."""
     if rec.stopping is None:
         return
     for node, _ in rec.placement:
-        if node in rec.stop_version and not _node_gone(mirror, node):
+        if node in rec.stop_version and not fenced(mirror, node, now):
             return
     finalize(mirror, tx, rec, now)
 
 
-def _node_gone(mirror: Mirror, node: str) -> bool:
+def fenced(mirror: Mirror, node: str, now: float) -> bool:
+    """True once a silent node's agent has certainly stopped its jobs: it fences itself
+    after `lease_s` without an answer, and the margin covers the kill and clock drift."""
     rec = mirror.nodes.get(node)
-    return rec is None or rec.state == "down"
+    if rec is None:
+        return True
+    if rec.state != "down" or rec.last_heartbeat is None:
+        return False
+    s = mirror.settings
+    return now - rec.last_heartbeat > s.lease_s + s.requeue_margin_s
 
 
 def finalize(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
@@ -70,17 +125,20 @@ def finalize(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
     core = mirror.core
     for node, _ in rec.placement:
         mirror.node_jobs.get(node, set()).discard(rec.id)
-    if why in ("preempt", "requeue"):
+    if why in REQUEUE:
         if core is not None and rec.id in core.running:
             core.requeue(rec.id, now)
         rec.state = "PD"
         rec.restart_count += 1
         if why == "preempt":
             rec.reason, rec.reason_message = "Preempted", "preempted; requeued to run again"
-        else:
-            rec.reason, rec.reason_message = "Requeued", "the job asked to be requeued (exit 75)"
-        tx.event(now, "requeued", f"{rec.reason_message}; restart {rec.restart_count}", rec.id)
+        message = rec.reason_message or "requeued"
+        max_restarts = rec.spec.max_restarts
+        tx.event(
+            now, "requeued", f"{message}; restart {rec.restart_count} (max {max_restarts})", rec.id
+        )
         _reset_allocation(rec)
+        _refresh_core_request(mirror, rec)
         tx.update_job(rec)
         tx.kick = True
         return
@@ -100,6 +158,13 @@ def finalize(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
     tx.kick = True
 
 
+def _refresh_core_request(mirror: Mirror, rec: JobRecord) -> None:
+    """The core queued the requeued job with its old request: rebuild it with the nodes it
+    must now avoid (rare: only after a node failed jobs repeatedly)."""
+    if rec.avoid:
+        mirror.core_dirty = True
+
+
 def _reset_allocation(rec: JobRecord, keep_placement: bool = False) -> None:
     if not keep_placement:
         rec.placement = []
@@ -111,6 +176,9 @@ def _reset_allocation(rec: JobRecord, keep_placement: bool = False) -> None:
     rec.stop_version = {}
     rec.all_running_at = None
     rec.progress = {}
+    rec.progress_at = {}
+    rec.notices = []
+    rec.notice_deadline = None
 
 
 def cancel(mirror: Mirror, tx: Tx, rec: JobRecord, now: float, by: str) -> None:
@@ -122,6 +190,41 @@ def cancel(mirror: Mirror, tx: Tx, rec: JobRecord, now: float, by: str) -> None:
     rec.reason = "cancelled"
     tx.event(now, "cancelled", f"cancelled by {by} while pending", rec.id)
     finalize(mirror, tx, rec, now)
+
+
+def notify(
+    mirror: Mirror,
+    tx: Tx,
+    rec: JobRecord,
+    signal: str,
+    reason: str,
+    now: float,
+    *,
+    batch_only: bool = False,
+) -> None:
+    """Have the job's agents deliver `signal` to its processes once (this epoch)."""
+    notice = Notice(id=len(rec.notices) + 1, signal=signal, batch_only=batch_only, reason=reason)
+    rec.notices.append(notice)
+    for node, _ in rec.placement:
+        mirror.bump(tx, node)
+    tx.update_job(rec)
+    tx.event(now, "signal", f"{signal}: {reason}", rec.id)
+
+
+def preempt(mirror: Mirror, tx: Tx, rec: JobRecord, for_job: int, now: float) -> None:
+    """Cooperative preemption: a notice first; the job may checkpoint and exit (any exit
+    then requeues it); past the deadline it is stopped (SIGTERM, then SIGKILL)."""
+    if rec.stopping is not None or rec.state == "PR":
+        return
+    grace = rec.spec.preempt_grace_s
+    grace_s = mirror.settings.preempt_grace_s if grace is None else float(grace)
+    if grace_s <= 0:
+        begin_stop(mirror, tx, rec, "preempt", None, f"preempted for job {for_job}", now)
+        return
+    rec.state = "PR"
+    rec.notice_deadline = now + grace_s
+    why = f"preempted for job {for_job}: checkpoint and exit within {grace_s:g} s"
+    notify(mirror, tx, rec, rec.spec.preempt_signal, why, now)
 
 
 def _release_array_task(mirror: Mirror, tx: Tx, ended: JobRecord, now: float) -> None:
@@ -140,99 +243,3 @@ def _release_array_task(mirror: Mirror, tx: Tx, ended: JobRecord, now: float) ->
             from phalanx.head.scheduling import core_request
 
             mirror.core.submit(core_request(mirror, nxt), nxt.submit_time)
-
-
-# ----------------------------------------------------------------------------- heartbeats
-def heartbeat(mirror: Mirror, tx: Tx, node: NodeRecord, hb: Heartbeat, now: float) -> None:
-    """Apply one agent report: liveness, master ports, and every rank's status."""
-    node.last_heartbeat = now
-    if node.state == "down" and (node.reason or "").startswith(NO_HEARTBEAT):
-        node.state, node.reason = "up", None
-        store.set_node_state(tx.conn, node)
-        tx.event(now, "node_up", "heartbeats resumed", node=node.name)
-        if mirror.core is not None and node.name in mirror.core.node_index:
-            mirror.core.set_node_up(node.name, True)
-        tx.kick = True
-    for key, port in hb.master_ports.items():
-        rec = mirror.jobs.get(int(key)) if key.isdigit() else None
-        if (
-            rec is not None
-            and rec.placement
-            and rec.placement[0][0] == node.name
-            and rec.master_port is None
-            and rec.stopping is None
-        ):
-            rec.master_port = port
-            tx.update_job(rec)
-            for other, _ in rec.placement[1:]:
-                mirror.bump(tx, other)
-    reports: dict[int, list[ProcessStatus]] = {}
-    for p in hb.processes:
-        reports.setdefault(p.job_id, []).append(p)
-    for job_id in sorted(mirror.node_jobs.get(node.name, set())):
-        live = mirror.jobs.get(job_id)
-        if live is None:
-            continue
-        rec = live
-        procs = [p for p in reports.get(job_id, []) if p.epoch == rec.epoch]
-        if rec.stopping is not None:
-            gone = hb.version >= rec.stop_version.get(node.name, 0) and not any(
-                p.running for p in procs
-            )
-            if gone:
-                rec.stop_version.pop(node.name, None)
-                settle(mirror, tx, rec, now)
-            continue
-        rec.ranks[node.name] = {p.rank: p for p in procs}
-        _evaluate(mirror, tx, rec, now)
-
-
-def _evaluate(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
-    statuses = {rank: p for ranks in rec.ranks.values() for rank, p in ranks.items()}
-    for rank in sorted(statuses):
-        p = statuses[rank]
-        if p.running or (p.exit_code == 0 and p.signal is None):
-            continue
-        code = p.exit_code if p.exit_code is not None else 0
-        sig = p.signal or 0
-        wants_requeue = code == REQUEUE_EXIT_CODE and not sig and rec.spec.requeue
-        if wants_requeue and rec.restart_count < rec.spec.max_restarts:
-            message = f"rank {rank} exited {code}: checkpointed, asks to be requeued"
-            begin_stop(mirror, tx, rec, "requeue", None, message, now)
-            return
-        how = f"exited with code {code}" if not sig else f"was killed by signal {sig}"
-        what = "the batch script" if rec.spec.launcher == "batch" else f"rank {rank}"
-        begin_stop(mirror, tx, rec, "fail", f"{code}:{sig}", f"{what} {how}", now)
-        return
-    expected = [r for i in range(len(rec.placement)) for r in rec.expected_ranks(i)]
-    if rec.all_running_at is None and all(r in statuses for r in expected):
-        # Every rank was started (a fast one may already have exited): the job is running.
-        rec.all_running_at = now
-        tx.event(now, "running", f"all {len(expected)} processes started", rec.id)
-    if all(r in statuses and not statuses[r].running for r in expected):
-        begin_stop(mirror, tx, rec, "complete", "0:0", "all ranks exited with code 0", now)
-
-
-# ----------------------------------------------------------------------------- the clock
-def tick(mirror: Mirror, tx: Tx, now: float) -> None:
-    """Time limits and node liveness."""
-    for rec in list(mirror.jobs.values()):
-        limit = rec.spec.time_limit_s
-        running = rec.state == "R" and rec.stopping is None and rec.start_time is not None
-        if running and limit is not None and now > (rec.start_time or 0.0) + limit:
-            begin_stop(mirror, tx, rec, "timeout", "0:15", f"time limit of {limit} s reached", now)
-    lease = mirror.settings.lease_s
-    for node in mirror.nodes.values():
-        if node.state != "up" or node.last_heartbeat is None:
-            continue
-        silent = now - node.last_heartbeat
-        if silent > lease:
-            node.state, node.reason = "down", f"{NO_HEARTBEAT} for {silent:.0f} s"
-            store.set_node_state(tx.conn, node)
-            tx.event(now, "node_down", node.reason, node=node.name)
-            if mirror.core is not None and node.name in mirror.core.node_index:
-                mirror.core.set_node_up(node.name, False, node.reason)
-            for job_id in mirror.node_jobs.get(node.name, set()).copy():
-                stopping = mirror.jobs.get(job_id)
-                if stopping is not None and stopping.stopping is not None:
-                    settle(mirror, tx, stopping, now)

@@ -13,11 +13,19 @@ from phalanx.head import store
 from phalanx.head.records import JobRecord, NodeRecord
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class Settings:
+    """The head's timing knobs (`phalanx head --help`; docs/fault-tolerance.md)."""
+
     heartbeat_s: float = 2.0
-    lease_s: float = 10.0  # a node with no heartbeat for this long is marked down
-    kill_grace_s: float = 5.0
+    # A node with no heartbeat for this long is marked down; its agent stops its jobs when
+    # it has not heard from the head for as long (fencing), so the head requeues them only
+    # once `lease_s + requeue_margin_s` have passed: a job never runs as two copies.
+    lease_s: float = 8.0
+    requeue_margin_s: float = 2.0
+    kill_grace_s: float = 5.0  # SIGTERM → SIGKILL when a job is stopped
+    preempt_grace_s: float = 60.0  # a preemption notice → the kill (jobs may override)
+    hang_timeout_s: float = 600.0  # no progress report for this long → restart (0: off)
     tick_s: float = 0.5
     public_url: str = ""
 
@@ -34,6 +42,7 @@ class Mirror:
     core: ClusterState | None = None
     decisions: Decisions | None = None  # the last cycle's, for pending reasons
     core_dirty: bool = True
+    node_failures: dict[str, list[float]] = field(default_factory=dict)  # node → when
     next_job_id: int = 1
     version: int = 0
 

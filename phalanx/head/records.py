@@ -13,6 +13,7 @@ from phalanx.api.models import (
     JobProgress,
     JobSpec,
     NodeInfo,
+    Notice,
     ProcessStatus,
     RankPlacement,
 )
@@ -48,6 +49,10 @@ class JobRecord:
     step_token: str | None = None
     stopping: str | None = None  # why it is being torn down: cancel, timeout, fail, complete…
     pending_exit: str | None = None
+    avoid: list[str] = field(default_factory=list)  # nodes that failed it: placed elsewhere
+    notices: list[Notice] = field(default_factory=list)  # this epoch's signals to deliver
+    notice_deadline: float | None = None  # a preemption notice's kill time (state PR)
+    client_token: str | None = None  # the submitter's idempotency key
     # Ephemeral (rebuilt from heartbeats): node → rank → latest status; node → version at
     # which the job left that node's desired state; when all ranks were first seen running.
     ranks: dict[str, dict[int, ProcessStatus]] = field(default_factory=dict)
@@ -55,6 +60,7 @@ class JobRecord:
     all_running_at: float | None = None
     in_core: bool = False
     progress: dict[int, JobProgress] = field(default_factory=dict)  # rank → latest report
+    progress_at: dict[int, float] = field(default_factory=dict)  # rank → when it arrived
 
     @property
     def terminal(self) -> bool:
@@ -134,6 +140,12 @@ class JobRecord:
             "step_token": self.step_token,
             "stopping": self.stopping,
             "pending_exit": self.pending_exit,
+            "avoid_json": json.dumps(self.avoid) if self.avoid else None,
+            "notices_json": (
+                json.dumps([n.model_dump() for n in self.notices]) if self.notices else None
+            ),
+            "notice_deadline": self.notice_deadline,
+            "client_token": self.client_token,
         }
 
     @classmethod
@@ -164,6 +176,14 @@ class JobRecord:
             step_token=row.step_token,
             stopping=row.stopping,
             pending_exit=row.pending_exit,
+            avoid=[str(n) for n in json.loads(row.avoid_json)] if row.avoid_json else [],
+            notices=(
+                [Notice.model_validate(n) for n in json.loads(row.notices_json)]
+                if row.notices_json
+                else []
+            ),
+            notice_deadline=row.notice_deadline,
+            client_token=row.client_token,
         )
 
 
@@ -182,6 +202,7 @@ class NodeRecord:
     state: str  # up | down | drain
     reason: str | None
     last_heartbeat: float | None = None
+    health_seq: int = 0  # the newest GPU health event handled (acknowledged to the agent)
     version: int = 0  # desired-state version; bumped whenever what it must run changes
 
     @property

@@ -49,8 +49,17 @@ def core_request(mirror: Mirror, rec: JobRecord) -> JobRequest:
         dependency_any=spec.dependency_any,
         preemptible=spec.preemptible,
         gpu_model=spec.gpu_model,
-        exclude_nodes=frozenset(spec.exclude_nodes),
+        exclude_nodes=frozenset(spec.exclude_nodes) | _avoid(mirror, rec),
     )
+
+
+def _avoid(mirror: Mirror, rec: JobRecord) -> frozenset[str]:
+    """Nodes that failed this job repeatedly, while enough other nodes remain to run it."""
+    if not rec.avoid:
+        return frozenset()
+    avoid = frozenset(rec.avoid)
+    others = [n for n in mirror.nodes.values() if n.name not in avoid and n.schedulable]
+    return avoid if len(others) >= rec.spec.nodes else frozenset()
 
 
 def rebuild(mirror: Mirror, tx: Tx, now: float) -> None:
@@ -124,15 +133,7 @@ def cycle(mirror: Mirror, tx: Tx, now: float) -> None:
             if victim_rec is None or victim_rec.stopping is not None:
                 continue
             core.mark_preempting(victim, preemption.for_job)
-            lifecycle.begin_stop(
-                mirror,
-                tx,
-                victim_rec,
-                "preempt",
-                None,
-                f"preempted for job {preemption.for_job}",
-                now,
-            )
+            lifecycle.preempt(mirror, tx, victim_rec, preemption.for_job, now)
     mirror.decisions = decisions
 
 

@@ -7,12 +7,13 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
 from sqlalchemy import Engine
 
-from phalanx.head import auth, db, store
+from phalanx.head import auth, db, leader, store
 from phalanx.head.app import create_app
 from phalanx.head.control import ControlThread
 from phalanx.head.migrate import upgrade
@@ -56,13 +57,22 @@ def bootstrap(engine: Engine, state_dir: Path) -> None:
 
 
 def build(state_dir: Path, db_url: str | None, settings: Settings) -> Head:
+    """A head ready to serve: schema migrated, auth bootstrapped, state loaded (not started).
+
+    Takes no single-writer lock: `serve` does (in-process tests own their database)."""
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     engine = db.make_engine(db_url or db.default_url(state_dir))
+    head = Head(ControlThread(engine, settings))
+    _take_over(head, state_dir)
+    return head
+
+
+def _take_over(head: Head, state_dir: Path) -> None:
+    """Become the writer: migrate, bootstrap, rebuild the mirror from the database."""
+    engine = head.control.engine
     upgrade(engine)
     bootstrap(engine, state_dir)
-    control = ControlThread(engine, settings)
-    control.load()
-    return Head(control)
+    head.control.load()
 
 
 def serve(
@@ -70,18 +80,43 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8265,
     db_url: str | None = None,
-    lease_s: float = 10.0,
-    heartbeat_s: float = 2.0,
+    settings: Settings | None = None,
 ) -> None:
-    """Run the head until SIGINT/SIGTERM. Prints `head listening on URL` once it serves."""
+    """Run the head until SIGINT/SIGTERM. Prints `head listening on URL` once it serves.
+
+    One writer per database (docs/high-availability.md): on SQLite the state dir's lock
+    (exit 2 if another head holds it); on PostgreSQL the leader lock; a head that does not
+    get it serves as a standby (503 but /healthz) until the leader's session ends.
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per log proxy call
     url = f"http://{host}:{port}"
-    settings = Settings(heartbeat_s=heartbeat_s, lease_s=lease_s, public_url=url)
-    head = build(state_dir, db_url, settings)
-    head.control.start()
+    settings = replace(settings or Settings(), public_url=url)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    database = db_url or db.default_url(state_dir)
+    election: leader.Election | None = None
+    try:
+        if database.startswith("postgresql"):
+            election = leader.Election(database)
+            leading = election.try_acquire()
+        else:
+            _state_lock = leader.lock_state_dir(state_dir)  # held while we run
+            leading = True
+    except (leader.AlreadyRunning, leader.ElectionError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    head = Head(ControlThread(db.make_engine(database), settings))
+    role = leader.Role(leader=False)
+    if leading:
+        _lead(head, state_dir, role, election)
+    else:
+        assert election is not None
+        log.info("standby: another head holds the leader lock; waiting for it")
+        threading.Thread(
+            target=_stand_by, args=(head, state_dir, role, election), daemon=True
+        ).start()
     config = uvicorn.Config(
-        create_app(head),
+        create_app(head, role),
         host=host,
         port=port,
         log_level="warning",
@@ -96,14 +131,40 @@ def serve(
         while not server.started and not server.should_exit:
             time.sleep(0.02)
         if server.started:
-            print(f"head listening on {url}", flush=True)
+            standby = "" if role.leader else " (standby)"
+            print(f"head listening on {url}{standby}", flush=True)
             print(f"admin token in {state_dir / ADMIN_TOKEN_FILE}", flush=True)
 
     threading.Thread(target=announce, daemon=True).start()
     try:
         server.run()
     finally:
-        head.control.stop()
+        if role.leader:
+            head.control.stop()
+        if election is not None:
+            election.close()  # after the last commit: a standby may take over now
     if not server.started:
         print(f"error: the head could not listen on {host}:{port}", file=sys.stderr)
         raise SystemExit(1)
+
+
+def _lead(head: Head, state_dir: Path, role: leader.Role, election: leader.Election | None) -> None:
+    _take_over(head, state_dir)
+    head.control.start()
+    if election is not None:
+        election.watch()
+    role.leader = True
+    log.info("serving as the leader")
+
+
+def _stand_by(head: Head, state_dir: Path, role: leader.Role, election: leader.Election) -> None:
+    """Wait for the leader lock, then take over; any failure to take over stops the process
+    (a half-loaded head must not serve)."""
+    if not election.wait():
+        return
+    try:
+        _lead(head, state_dir, role, election)
+    except BaseException:
+        log.exception("taking over as the leader failed; stopping")
+        logging.shutdown()
+        os._exit(1)

@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable
 
 from phalanx.api import models as m
-from phalanx.head import auth, jobs, lifecycle, store
+from phalanx.head import auth, jobs, reports, store
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import ControlThread, HeadError, _core_team
 from phalanx.head.mirror import Tx
@@ -80,6 +80,12 @@ class Head:
         with self.control.lock:
             return rec.info(self.mirror.addresses())
 
+    def signal(self, who: Principal, job_id: int, signal: str) -> m.JobInfo:
+        """Deliver `signal` to a running job's processes without ending it."""
+        rec = self.control.call(lambda tx: jobs.signal(self.mirror, tx, who, job_id, signal))
+        with self.control.lock:
+            return rec.info(self.mirror.addresses())
+
     def list_jobs(
         self,
         who: Principal,
@@ -148,6 +154,7 @@ class Head:
             rec = self.mirror.jobs.get(job_id)
             if rec is not None:
                 rec.progress[report.rank] = report
+                rec.progress_at[report.rank] = time.time()
 
     def log_source(self, rec: JobRecord, rank: int) -> NodeRecord:
         """The node that holds rank `rank`'s logs."""
@@ -190,19 +197,11 @@ class Head:
             if node is None:
                 raise HeadError(404, f"no node {name!r}")
             now = time.time()
-            core = self.mirror.core
             if reason is not None:
-                node.state, node.reason = "drain", reason
-                tx.event(now, "drain", reason, node=name)
-                if core is not None and name in core.node_index:
-                    core.set_node_up(name, False, reason)
+                reports.set_node_state(self.mirror, tx, node, "drain", reason, now, "drain", reason)
             else:
-                node.state, node.reason = "up", None
-                tx.event(now, "resume", "back in service", node=name)
-                if core is not None and name in core.node_index:
-                    core.set_node_up(name, True)
-                tx.kick = True
-            store.set_node_state(tx.conn, node)
+                message = "back in service"
+                reports.set_node_state(self.mirror, tx, node, "up", None, now, "resume", message)
 
         self.control.call(op)
         return next(n for n in self.nodes().nodes if n.name == name)
@@ -252,7 +251,7 @@ class Head:
             node = self.mirror.nodes.get(hb.name)
             if node is None:
                 raise HeadError(404, f"node {hb.name!r} is not registered")
-            lifecycle.heartbeat(self.mirror, tx, node, hb, time.time())
+            reports.heartbeat(self.mirror, tx, node, hb, time.time())
 
         await asyncio.wrap_future(self.control.submit_op(op))
         node = self.mirror.nodes[hb.name]
@@ -280,7 +279,7 @@ class Head:
             assignments = []
             for job_id in sorted(self.mirror.node_jobs.get(name, set())):
                 rec = self.mirror.jobs.get(job_id)
-                if rec is None or rec.stopping is not None or rec.state != "R":
+                if rec is None or rec.stopping is not None or rec.state not in ("R", "PR"):
                     continue
                 assignments.append(self._assignment(rec, name))
             return m.DesiredState(
@@ -289,6 +288,7 @@ class Head:
                 heartbeat_s=s.heartbeat_s,
                 lease_s=s.lease_s,
                 kill_grace_s=s.kill_grace_s,
+                health_ack=node.health_seq,
             )
 
     def _assignment(self, rec: JobRecord, node: str) -> m.Assignment:
@@ -329,6 +329,14 @@ class Head:
             step_token=rec.step_token,
             account=rec.account,
             team=rec.team,
+            checkpoint_dir=spec.checkpoint_dir or default_checkpoint_dir(spec.workdir, rec.id),
+            preempt_signal=spec.preempt_signal,
+            preempt_grace_s=(
+                self.mirror.settings.preempt_grace_s
+                if spec.preempt_grace_s is None
+                else float(spec.preempt_grace_s)
+            ),
+            notices=list(rec.notices),
         )
 
     # ------------------------------------------------------------------ admin
@@ -421,6 +429,16 @@ class Head:
         self.control.call(op)
         self.forget_principals()
 
+    # ------------------------------------------------------------------ fault injection
+    def fault_target(self, name: str) -> NodeRecord:
+        """The node an admin injects a GPU fault on (`POST /v1/nodes/{name}/faults`; the
+        route forwards it to the node's agent); 404 if there is no such node."""
+        with self.control.lock:
+            node = self.mirror.nodes.get(name)
+        if node is None:
+            raise HeadError(404, f"no node {name!r}")
+        return node
+
 
 def _visible(who: Principal, rec: JobRecord) -> bool:
     return who.admin or rec.user == who.user or rec.team in who.teams or rec.team in who.admin_of
@@ -432,3 +450,10 @@ def _matches(rec: JobRecord, user: str | None, team: str | None, states: set[str
         and (team is None or rec.team == team)
         and (states is None or rec.state in states)
     )
+
+
+def default_checkpoint_dir(workdir: str, job_id: int) -> str:
+    """PHALANX_CHECKPOINT_DIR when the job names none: under its working directory (shared
+    storage every node can reach, as the job's own files are), one per job, kept across
+    restarts so a requeued run resumes from it."""
+    return f"{workdir.rstrip('/')}/.phalanx/checkpoints/{job_id}"

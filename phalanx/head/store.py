@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
 
 from phalanx.api.models import JobEvent, TeamSpec, TokenInfo, UserInfo
 from phalanx.head import db
@@ -37,6 +37,19 @@ def live_jobs(conn: Connection) -> list[JobRecord]:
 def job(conn: Connection, job_id: int) -> JobRecord | None:
     row = conn.execute(select(db.jobs).where(db.jobs.c.id == job_id)).first()
     return None if row is None else JobRecord.from_row(row)
+
+
+# Built once: every keyed submit runs it, and building a statement costs more than running it.
+_BY_CLIENT_TOKEN = select(db.jobs.c.id).where(
+    db.jobs.c.user == bindparam("user"), db.jobs.c.client_token == bindparam("token")
+)
+
+
+def job_by_client_token(conn: Connection, user: str, token: str) -> JobRecord | None:
+    """The job `user` submitted with idempotency key `token` (an array's first task), if
+    any: one row at most, by the unique index on (user, client_token)."""
+    job_id = conn.execute(_BY_CLIENT_TOKEN, {"user": user, "token": token}).scalar()
+    return None if job_id is None else job(conn, job_id)
 
 
 def ended_jobs(

@@ -6,7 +6,7 @@ from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.options import SubmitOptions, merge
 from phalanx.jobspec.patterns import expand_pattern
 from phalanx.jobspec.sbatch import parse_sbatch
-from phalanx.jobspec.units import parse_mem, parse_time
+from phalanx.jobspec.units import parse_duration, parse_mem, parse_time
 from phalanx.jobspec.yamlspec import load_yaml
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "hostlist",
     "load_yaml",
     "merge",
+    "parse_duration",
     "parse_mem",
     "parse_sbatch",
     "parse_time",

@@ -14,6 +14,7 @@ from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.exports import export_env
 from phalanx.jobspec.jobflags import parse_array, parse_dependency, parse_signal
 from phalanx.jobspec.options import SubmitOptions
+from phalanx.jobspec.recovery import recovery_fields
 from phalanx.jobspec.resources import parse_count, resolve
 from phalanx.jobspec.units import parse_mem, parse_time
 
@@ -28,6 +29,9 @@ _OPTION_OF = {
     "workdir": "-D/--chdir", "output": "-o/--output", "error": "-e/--error",
     "env": "--export / env", "dependencies": "-d/--dependency", "array": "-a/--array",
     "signal": "--signal", "max_restarts": "--max-restarts", "exclude_nodes": "-x/--exclude",
+    "restart_on_failure": "--restart-on-failure", "checkpoint_dir": "--checkpoint-dir",
+    "preempt_signal": "--preempt-signal", "preempt_grace_s": "--preempt-grace",
+    "hang_timeout_s": "--hang-timeout",
 }  # fmt: skip
 
 
@@ -117,6 +121,7 @@ def assemble(
         warnings.extend(signal_warnings)
     if opts.exclude is not None:
         fields["exclude_nodes"] = hostlist.expand(opts.exclude)
+    fields.update(recovery_fields(opts, fields["workdir"]))
     env, env_warnings = export_env(opts.export, environ)
     warnings.extend(env_warnings)
     extra = dict(extras or {})

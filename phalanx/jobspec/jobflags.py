@@ -120,7 +120,7 @@ def parse_signal(text: str) -> tuple[SignalSpec, list[str]]:
     warnings: list[str] = []
     if flags and "R" in flags:
         warnings.append(f"--signal={text}: the R: flag has no meaning in Phalanx; ignored")
-    name = _signal_name(text, sig)
+    name = signal_name(f"--signal={text}", sig)
     seconds = int(secs) if secs is not None else 60
     if seconds > 65535:
         raise JobSpecError(f"--signal={text}: the lead time must be 0..65535 seconds")
@@ -128,14 +128,19 @@ def parse_signal(text: str) -> tuple[SignalSpec, list[str]]:
     return spec, warnings
 
 
-def _signal_name(text: str, sig: str) -> str:
+def signal_name(where: str, sig: str) -> str:
+    """A signal name (`USR1`, `sigusr1`, `SIGUSR1`) or number (`10`) → `SIGUSR1`.
+
+    Numbers are read with this machine's numbering (they differ between platforms); the
+    name goes on the wire. `where` (e.g. `--signal=USR1@9`) starts every error message.
+    """
     if sig.isdigit():
         try:
             return signals.Signals(int(sig)).name
         except ValueError:
-            raise JobSpecError(f"--signal={text}: {sig} is not a signal number") from None
+            raise JobSpecError(f"{where}: {sig} is not a signal number") from None
     name = sig.upper()
     name = name if name.startswith("SIG") else "SIG" + name
     if name not in signals.Signals.__members__:
-        raise JobSpecError(f"--signal={text}: unknown signal {sig!r}; e.g. USR1, TERM, 10")
+        raise JobSpecError(f"{where}: unknown signal {sig!r}; e.g. USR1, TERM, 10")
     return name

@@ -49,6 +49,12 @@ class SubmitOptions:
     constraint: str | None = None  # -C/--constraint → gpu_model
     exclude: str | None = None  # -x/--exclude (hostlist)
     max_restarts: str | None = None  # --max-restarts (Phalanx)
+    # Fault tolerance (Phalanx's own, like --max-restarts):
+    restart_on_failure: bool | None = None  # --restart-on-failure / --no-restart-on-failure
+    checkpoint_dir: str | None = None  # --checkpoint-dir (relative: to the job's workdir)
+    preempt_signal: str | None = None  # --preempt-signal: USR1, SIGUSR1 or a number
+    preempt_grace: str | None = None  # --preempt-grace: seconds or a -t form
+    hang_timeout: str | None = None  # --hang-timeout: seconds or a -t form; 0 = off
 
 
 def merge(script: SubmitOptions, cli: SubmitOptions) -> SubmitOptions:

@@ -56,7 +56,13 @@ _SUPPORTED = [
     _value("constraint", "constraint", "C"),
     _value("exclude", "exclude", "x"),
     _value("launcher", "launcher"),  # Phalanx's own
-    _value("max-restarts", "max_restarts"),  # Phalanx's own
+    _value("max-restarts", "max_restarts"),  # Phalanx's own, as are the ones below
+    _flag("restart-on-failure", "restart_on_failure", True),
+    _flag("no-restart-on-failure", "restart_on_failure", False),
+    _value("checkpoint-dir", "checkpoint_dir"),
+    _value("preempt-signal", "preempt_signal"),
+    _value("preempt-grace", "preempt_grace"),
+    _value("hang-timeout", "hang_timeout"),
 ]
 # Slurm options Phalanx does not honour: named here so that their value is skipped
 # correctly and the warning says "not supported" rather than "unknown".

@@ -1,4 +1,4 @@
-"""Slurm time limits (`-t/--time`) and memory sizes (`--mem`)."""
+"""Slurm time limits (`-t/--time`), durations in seconds, and memory sizes (`--mem`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,11 @@ _TIME_FORMS = (
 # bounded, so absurdly long numbers are refused instead of being converted.
 _DAYS = re.compile(r"([0-9]{1,9})-([0-9]{1,9})(?::([0-9]{1,9})(?::([0-9]{1,9}))?)?")
 _CLOCK = re.compile(r"([0-9]{1,9})(?::([0-9]{1,9})(?::([0-9]{1,9}))?)?")
+_SECONDS = re.compile(r"[0-9]{1,9}")
+_DURATION_FORMS = (
+    "seconds, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes or "
+    "days-hours:minutes:seconds (e.g. 90, 1:30, 0:10:00)"
+)
 _MEM = re.compile(r"([0-9]{1,12})([KMGT])?(?:I?B)?", re.IGNORECASE)
 _MEM_FACTOR_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
@@ -32,13 +37,37 @@ def parse_time(text: str) -> int | None:
         return None
     if not raw:
         raise JobSpecError(f"empty time limit; use {_TIME_FORMS}")
+    total = _slurm_seconds(raw)
+    if total is None:
+        raise JobSpecError(f"invalid time limit {text!r}; use {_TIME_FORMS}")
+    return total or None
+
+
+def parse_duration(option: str, text: str, *, maximum: int) -> int:
+    """Parse a duration for `option` into seconds, 0..maximum, or a JobSpecError naming both.
+
+    A bare number is seconds (unlike `-t`, where it is minutes: these options are about
+    seconds, as the head's own `--preempt-grace` and `--hang-timeout`); the other forms
+    are `-t`'s: `M:S`, `H:M:S`, `D-H`, `D-H:M`, `D-H:M:S`. 0 is kept (it is not "none").
+    """
+    raw = text.strip()
+    seconds = int(raw) if _SECONDS.fullmatch(raw) else _slurm_seconds(raw)
+    if seconds is None:
+        raise JobSpecError(f"{option}={text}: invalid duration; use {_DURATION_FORMS}")
+    if seconds > maximum:
+        raise JobSpecError(f"{option}={text}: at most {maximum} seconds ({seconds} given)")
+    return seconds
+
+
+def _slurm_seconds(raw: str) -> int | None:
+    """Seconds in one of `-t`'s forms (a bare number is minutes); None for anything else."""
     days_form = _DAYS.fullmatch(raw)
     if days_form:
         days, hours, minutes, seconds = (int(g) if g else 0 for g in days_form.groups())
     else:
         clock = _CLOCK.fullmatch(raw)
         if clock is None:
-            raise JobSpecError(f"invalid time limit {text!r}; use {_TIME_FORMS}")
+            return None
         parts = [int(g) for g in clock.groups() if g is not None]
         days = 0
         if len(parts) == 1:
@@ -47,8 +76,7 @@ def parse_time(text: str) -> int | None:
             hours, (minutes, seconds) = 0, parts
         else:
             hours, minutes, seconds = parts
-    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-    return total or None
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def parse_mem(text: str) -> int:

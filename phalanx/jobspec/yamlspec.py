@@ -83,14 +83,21 @@ _OPTION_KEYS: dict[str, tuple[str, Callable[[str, Any], str | bool]]] = {
     "gpu_model": ("constraint", _text), "constraint": ("constraint", _text),
     "exclude": ("exclude", _text_or_list), "exclude_nodes": ("exclude", _text_or_list),
     "max_restarts": ("max_restarts", _text),
+    "restart_on_failure": ("restart_on_failure", _flag),
+    "checkpoint_dir": ("checkpoint_dir", _text), "preempt_signal": ("preempt_signal", _text),
+    "preempt_grace": ("preempt_grace", _text), "hang_timeout": ("hang_timeout", _text),
 }  # fmt: skip
 # Keys taken in JobSpec's own wire form, checked by JobSpec itself.
-_WIRE_KEYS = {"mem_mb", "time_limit_s", "env", "dependencies", "dependency_any", "preemptible"}
+_WIRE_KEYS = {
+    "mem_mb", "time_limit_s", "env", "dependencies", "dependency_any", "preemptible",
+    "preempt_grace_s", "hang_timeout_s",
+}  # fmt: skip
 _RUN_KEYS = {"command", "script"}
 _SAME = [  # spellings of one thing: give one of each
     {"name", "job_name"}, {"time", "time_limit_s"}, {"mem", "mem_mb"},
     {"team", "partition"}, {"gpu_model", "constraint"}, {"workdir", "chdir"},
     {"dependency", "dependencies"}, {"exclude", "exclude_nodes"},
+    {"preempt_grace", "preempt_grace_s"}, {"hang_timeout", "hang_timeout_s"},
 ]  # fmt: skip
 ALLOWED_KEYS = frozenset({*_OPTION_KEYS, *_WIRE_KEYS, *_RUN_KEYS, "array", "signal"})
 
@@ -100,7 +107,8 @@ def load_yaml(text: str, *, cwd: str, environ: Mapping[str, str]) -> tuple[JobSp
 
     Keys are JobSpec field names (`-` may be written for `_`), or Slurm-style friendly
     forms: `time: "1-00:00:00"`, `mem: 4G`, `gres: gpu:h100:4`, `dependency: afterok:12`,
-    `array: "0-3%2"`, `signal: B:USR1@120`, `partition`, `export`, `exclude`, …
+    `array: "0-3%2"`, `signal: B:USR1@120`, `preempt_grace: "2:00"`, `partition`, `export`,
+    `exclude`, …
     `command` is a list or a string (split like a shell); `script` is the script's text.
     `env` is added on top of what `export` (default ALL) selects.
     """

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -103,6 +104,8 @@ class LocalCluster:
         port: int | None = None,
         db_url: str | None = None,
         start_timeout_s: float = 60.0,
+        head_args: Sequence[str] = (),
+        agent_args: Sequence[str] = (),
     ) -> None:
         if nodes < 1 or nodes > 253:
             raise ClusterError(f"nodes must be between 1 and 253 (got {nodes})")
@@ -115,6 +118,8 @@ class LocalCluster:
         self.port = port
         self.db_url = db_url
         self.start_timeout_s = start_timeout_s
+        self.head_args = list(head_args)  # extra `phalanx head` flags (e.g. --lease 3)
+        self.agent_args = list(agent_args)  # extra `phalanx agent` flags
         self.addresses = [f"127.0.0.{i + 2}" for i in range(nodes)]
         self._head: _Proc | None = None
         self._agents: list[_Proc] = []
@@ -192,9 +197,15 @@ class LocalCluster:
     def _start(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         self.head_dir.mkdir(parents=True, exist_ok=True)
-        port = self.port if self.port is not None else free_port()
+        if self.port is None:
+            self.port = free_port()  # kept: a restarted head comes back on the same URL
+        self._start_head(deadline)
+        self._agents = [self._agent_proc(address) for address in self.addresses]
+        self._wait_nodes(deadline)
+
+    def _start_head(self, deadline: float) -> None:
         argv = [*self._phalanx(), "head", "--state-dir", str(self.head_dir)]
-        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        argv += ["--host", "127.0.0.1", "--port", str(self.port), *self.head_args]
         if self.db_url:
             argv += ["--db", self.db_url]
         head_log = self.log_dir / "head.log"
@@ -202,15 +213,71 @@ class LocalCluster:
         self._head = _Proc("head", argv, head_log, self._env())
         self._url = self._wait_listening(self._head, start_offset, deadline)
         self._wait_healthy(deadline)
+
+    def _agent_proc(self, address: str) -> _Proc:
+        argv = [*self._phalanx(), "agent", "--head", self.url, "--address", address]
+        argv += ["--name", address, "--port", "0"]
+        argv += ["--fake-gpus", str(self.gpus_per_node), "--gpu-model", self.gpu_model]
+        argv += ["--state-dir", str(self.state_dir / f"agent-{address}"), *self.agent_args]
+        log = self.log_dir / f"agent-{address}.log"
         join_env = {**self._env(), "PHALANX_JOIN_TOKEN": self.join_token}
-        for address in self.addresses:
-            agent_argv = [*self._phalanx(), "agent", "--head", self.url, "--address", address]
-            agent_argv += ["--name", address, "--port", "0"]
-            agent_argv += ["--fake-gpus", str(self.gpus_per_node), "--gpu-model", self.gpu_model]
-            agent_argv += ["--state-dir", str(self.state_dir / f"agent-{address}")]
-            log = self.log_dir / f"agent-{address}.log"
-            self._agents.append(_Proc(f"agent {address}", agent_argv, log, join_env))
-        self._wait_nodes(deadline)
+        return _Proc(f"agent {address}", argv, log, join_env)
+
+    # ------------------------------------------------------------------ chaos
+    def kill_head(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the head (SIGKILL: a crash) and wait for it to exit."""
+        if self._head is None:
+            raise ClusterError("the cluster is not started")
+        self._head.signal_group(sig)
+        self._head.popen.wait(timeout=30)
+        self._head.close_log()
+
+    def restart_head(self) -> None:
+        """Start the head again on its state dir, database and port (after kill_head)."""
+        if self._head is not None and self._head.alive():
+            raise ClusterError("the head is still running")
+        self._start_head(time.monotonic() + self.start_timeout_s)
+
+    def agent_pid(self, address: str) -> int:
+        """The pid of the agent of node `address`."""
+        return self._agent(address).popen.pid
+
+    def agent_alive(self, address: str) -> bool:
+        """Whether the agent process of node `address` is running."""
+        return self._agent(address).alive()
+
+    def signal_agent(self, address: str, sig: int) -> None:
+        """Send `sig` to the agent of `address` only (SIGSTOP freezes it, SIGCONT thaws it;
+        SIGKILL kills the agent but not its jobs, which are in their own process groups)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._agent(address).popen.pid, sig)
+
+    def crash_node(self, address: str) -> list[int]:
+        """Power off node `address`: SIGKILL its agent and every job process it started for
+        this cluster. Returns the killed job pids."""
+        agent = self._agent(address)
+        agent.signal_group(signal.SIGKILL)
+        agent.popen.wait(timeout=30)
+        agent.close_log()
+        killed = []
+        for pid in _job_pids(address, self.url):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        return killed
+
+    def start_agent(self, address: str) -> None:
+        """Start the agent of `address` again (after crash_node or a SIGKILL)."""
+        index = self.addresses.index(address)
+        old = self._agents[index]
+        if old.alive():
+            raise ClusterError(f"the agent of {address} is still running")
+        self._agents[index] = self._agent_proc(address)
+
+    def _agent(self, address: str) -> _Proc:
+        if address not in self.addresses or len(self._agents) != len(self.addresses):
+            raise ClusterError(f"no running node {address!r}")
+        return self._agents[self.addresses.index(address)]
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every process group, wait up to `grace_s`, then SIGKILL what is left.
@@ -315,3 +382,21 @@ class LocalCluster:
                         f"{', '.join(missing)}. {detail}"
                     )
                 time.sleep(0.2)
+
+
+def _job_pids(node: str, head_url: str) -> list[int]:
+    """Processes started by the agent of `node` for the head at `head_url` (from their
+    environment: other clusters on this machine reuse the same node names)."""
+    want = (f"SLURMD_NODENAME={node}".encode(), f"PHALANX_HEAD={head_url}".encode())
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if all(w in env for w in want):
+            pids.append(int(entry))
+    return pids

@@ -4,8 +4,8 @@ Importing this module does not import torch, so the agent and the head can read
 REQUEUE_EXIT_CODE and the variable names from here.
 
 The control plane sends a notice signal (SIGUSR1 unless PHALANX_PREEMPT_SIGNAL names
-another, e.g. "SIGTERM" or "15") to the job's processes, and may put the time by which
-they must be gone in PHALANX_PREEMPT_DEADLINE (Unix time, seconds). The training loop
+another, e.g. "SIGTERM" or "15") to the job's processes; PHALANX_PREEMPT_DEADLINE says how
+many seconds they have from the notice until they are killed. The training loop
 finishes its current step, saves a checkpoint, and exits with REQUEUE_EXIT_CODE, which
 tells Phalanx "requeue me": the job goes back to the queue and resumes from that checkpoint.
 """
@@ -13,6 +13,7 @@ tells Phalanx "requeue me": the job goes back to the queue and resumes from that
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import threading
@@ -59,16 +60,23 @@ def notice_signal(environ: Mapping[str, str] | None = None) -> signal.Signals:
         raise TrainConfigError(f"{SIGNAL_ENV}={raw!r} is not a signal name or number") from None
 
 
-def deadline(environ: Mapping[str, str] | None = None) -> float | None:
-    """PHALANX_PREEMPT_DEADLINE as a Unix time, or None when unset."""
+def grace_s(environ: Mapping[str, str] | None = None) -> float | None:
+    """PHALANX_PREEMPT_DEADLINE: the seconds between a notice and the kill ("30", "30.5"),
+    or None when unset."""
     env = os.environ if environ is None else environ
     raw = env.get(DEADLINE_ENV, "").strip()
     if not raw:
         return None
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
-        raise TrainConfigError(f"{DEADLINE_ENV}={raw!r} is not a Unix time in seconds") from None
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise TrainConfigError(
+            f"{DEADLINE_ENV}={raw!r} is not a number of seconds (e.g. 30 or 30.5): the time "
+            "a job has from a preemption notice until it is killed"
+        )
+    return value
 
 
 class PreemptionWatcher:
@@ -135,6 +143,10 @@ class PreemptionWatcher:
         if self._work is not None:
             self._work.wait()
             stop = bool(self._flag.item())
+            if stop and self.received_at is None:
+                # The notice reached another rank: count the grace from when this one
+                # learned of it (at most a step later than the signal).
+                self.received_at = time.time()
         self._flag = torch.tensor([1 if self.requested.is_set() else 0], dtype=torch.int32)
         self._work = dist.all_reduce(
             self._flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True
@@ -142,6 +154,10 @@ class PreemptionWatcher:
         return stop
 
     def seconds_left(self) -> float | None:
-        """Time until PHALANX_PREEMPT_DEADLINE, if one was given."""
-        end = deadline(self._environ)
-        return None if end is None else end - time.time()
+        """Seconds until the kill: when the notice came (to this rank, or word of it from
+        another) + PHALANX_PREEMPT_DEADLINE - now; None when that is unset or no notice
+        came yet."""
+        grace = grace_s(self._environ)
+        if grace is None or self.received_at is None:
+            return None
+        return self.received_at + grace - time.time()

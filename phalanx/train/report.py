@@ -76,12 +76,14 @@ class Reporter:
         self.printer = printer or (lambda line: print(line, file=sys.stdout, flush=True))
         self.failures = 0
         self.sent = 0
-        head = env.get("PHALANX_HEAD", "").rstrip("/")
+        # PHALANX_HEAD may list a leader and its standbys, comma-separated.
+        heads = [h.strip().rstrip("/") for h in env.get("PHALANX_HEAD", "").split(",")]
         job = env.get("PHALANX_JOB_ID", "")
         token = env.get("PHALANX_STEP_TOKEN") or env.get("PHALANX_TOKEN") or ""
+        self.urls = [f"{h}/v1/jobs/{job}/progress" for h in heads if h]
         self.url: str | None = None
-        if head and job and token and local_rank == 0:
-            self.url = f"{head}/v1/jobs/{job}/progress"
+        if self.urls and job and token and local_rank == 0:
+            self.url = self.urls[0]
         self._token = token
         self._timeout = timeout_s
         self._queue: queue.Queue[Progress | None] = queue.Queue(maxsize=4)
@@ -114,7 +116,18 @@ class Reporter:
 
         assert self.url is not None
         try:
-            resp = client.post(self.url, content=json.dumps(body), headers=headers)
+            for attempt in range(len(self.urls)):
+                try:
+                    resp = client.post(self.url, content=json.dumps(body), headers=headers)
+                except httpx.TransportError:
+                    if attempt == len(self.urls) - 1:
+                        raise
+                    resp = None
+                if resp is not None and resp.status_code != 503:
+                    break
+                # Unreachable, or a standby head: the next one may be the leader now.
+                self.url = self.urls[(self.urls.index(self.url) + 1) % len(self.urls)]
+            assert resp is not None
             resp.raise_for_status()
             self.sent += 1
         except httpx.HTTPError as exc:

@@ -8,10 +8,12 @@ from typing import Any
 
 import pytest
 
-from phalanx.agent.env import job_env, step_env
+from phalanx.agent.env import job_env, seconds, step_env
+from phalanx.agent.processes import ProcessManager
+from phalanx.agent.reconcile import LaunchContext, Reconciler
 from phalanx.api.models import StepTask
 
-from .helpers import STEP_TOKEN, assignment
+from .helpers import STEP_TOKEN, assignment, desired, wait_for
 
 # Every process, whatever the launcher, for the default 2-node assignment on node 0.
 COMMON = {
@@ -267,3 +269,45 @@ def test_step_env_overrides_per_task_and_node() -> None:
         "SLURM_JOB_ID": "7",
     }
     assert "LEAK" not in env
+
+
+def test_checkpoint_and_preemption_variables_for_ranks_and_steps() -> None:
+    a = assignment(checkpoint_dir="/shared/ckpt/7", preempt_signal="SIGTERM", preempt_grace_s=30.5)
+    want = {
+        "PHALANX_CHECKPOINT_DIR": "/shared/ckpt/7",
+        "PHALANX_PREEMPT_SIGNAL": "SIGTERM",
+        "PHALANX_PREEMPT_DEADLINE": "30.5",  # seconds from a notice to the kill
+    }
+    env = job_env(a, base={"PHALANX_CHECKPOINT_DIR": "/stale"})
+    assert {k: env.get(k) for k in want} == want
+    task = StepTask(task_id=0, local_id=0, node_id=0, argv=["x"], env={})
+    step = step_env(a, task, step_id=0, base={})
+    assert {k: step.get(k) for k in want} == want
+    whole = job_env(assignment(preempt_grace_s=60.0, checkpoint_dir=""), base={})
+    assert whole["PHALANX_PREEMPT_DEADLINE"] == "60"
+    assert "PHALANX_CHECKPOINT_DIR" not in whole  # none given
+
+
+@pytest.mark.parametrize(
+    ("value", "text"), [(30.0, "30"), (30.5, "30.5"), (0.25, "0.25"), (1e6, "1000000")]
+)
+def test_seconds_format(value: float, text: str) -> None:
+    assert seconds(value) == text
+
+
+def test_agent_creates_the_checkpoint_dir(tmp_path: Path) -> None:
+    ckpt = tmp_path / "shared" / "ckpt" / "7"
+    a = assignment(
+        command=["sh", "-c", 'echo "$PHALANX_CHECKPOINT_DIR $PHALANX_PREEMPT_DEADLINE" > seen'],
+        workdir=str(tmp_path),
+        gpus_per_node=1,
+        checkpoint_dir=str(ckpt),
+    )
+    rec = Reconciler(LaunchContext(state_dir=tmp_path / "state", base_env={}), ProcessManager())
+    try:
+        rec.apply(desired(a))
+        wait_for("the rank to end", lambda: not rec.process_statuses()[0].running)
+    finally:
+        rec.shutdown()
+    assert ckpt.is_dir()
+    assert (tmp_path / "seen").read_text() == f"{ckpt} 30\n"

@@ -17,6 +17,11 @@ nodes: 2
 gpus_per_node: 2
 time_limit_s: 600
 team: ml
+restart_on_failure: true
+checkpoint_dir: ckpt
+preempt_signal: USR2
+preempt_grace: 90
+hang_timeout: "10:00"
 command: ["python", "-c", "print('hi')"]
 """
 SCRIPT = """\
@@ -26,9 +31,15 @@ SCRIPT = """\
 #SBATCH --gpus-per-node=2
 #SBATCH -t 10:00
 #SBATCH -p ml
+#SBATCH --restart-on-failure --checkpoint-dir ckpt
+#SBATCH --preempt-signal=SIGUSR2 --preempt-grace=1:30 --hang-timeout=600
 python -c "print('hi')"
 """
-FLAGS = ("-J", "hello", "-N", "2", "--gpus-per-node", "2", "-t", "10", "-p", "ml")
+FLAGS = (
+    *("-J", "hello", "-N", "2", "--gpus-per-node", "2", "-t", "10", "-p", "ml"),
+    *("--restart-on-failure", "--checkpoint-dir", "ckpt", "--preempt-signal", "usr2"),
+    *("--preempt-grace", "0:01:30", "--hang-timeout", "0-00:10"),
+)
 
 
 def _dry_run(*args: str) -> dict[str, Any]:
@@ -54,6 +65,10 @@ def test_yaml_flags_and_script_give_the_same_spec(files: Path) -> None:
     assert from_yaml["nodes"] == 2 and from_yaml["gpus_per_node"] == 2
     assert from_yaml["time_limit_s"] == 600 and from_yaml["team"] == "ml"
     assert from_yaml["workdir"] == str(files)  # --workdir defaults to the current dir
+    assert from_yaml["restart_on_failure"] is True
+    assert from_yaml["checkpoint_dir"] == str(files / "ckpt")  # relative to the workdir
+    assert (from_yaml["preempt_signal"], from_yaml["preempt_grace_s"]) == ("SIGUSR2", 90)
+    assert from_yaml["hang_timeout_s"] == 600
     assert from_script["launcher"] == "batch" and from_script["script"] == SCRIPT
     assert from_script["command"] is None
     different = {"command", "script", "launcher"}
@@ -66,7 +81,28 @@ def test_cli_flags_override_the_script(files: Path) -> None:
     spec = _dry_run("train.sbatch", "-N", "1", "--gres", "gpu:1", "-D", str(files / "w"))
     assert (spec["nodes"], spec["gpus_per_node"]) == (1, 1)
     assert spec["workdir"] == str(files / "w")
+    assert spec["checkpoint_dir"] == str(files / "w" / "ckpt")  # the script's, in the new -D
     assert spec["name"] == "hello"
+    spec = _dry_run(
+        *("train.sbatch", "--no-restart-on-failure", "--preempt-signal", "TERM"),
+        *("--preempt-grace", "0", "--hang-timeout", "0", "--checkpoint-dir", "/ck"),
+    )
+    assert (spec["restart_on_failure"], spec["checkpoint_dir"]) == (False, "/ck")
+    assert (spec["preempt_signal"], spec["preempt_grace_s"], spec["hang_timeout_s"]) == (
+        "SIGTERM",
+        0,
+        0,
+    )
+
+
+def test_json_shows_the_fault_tolerance_defaults(files: Path) -> None:
+    spec = _dry_run("--", "python", "train.py")
+    assert (spec["restart_on_failure"], spec["checkpoint_dir"]) == (False, None)
+    assert (spec["preempt_signal"], spec["preempt_grace_s"], spec["hang_timeout_s"]) == (
+        "SIGUSR1",
+        None,
+        None,
+    )
 
 
 def test_a_command_after_dashes_is_never_a_spec_file(files: Path) -> None:
@@ -84,6 +120,34 @@ def test_a_command_after_dashes_is_never_a_spec_file(files: Path) -> None:
         (("--dry-run", "job.yaml", "-N", "3"), "error: --nodes: set these in job.yaml"),
         (("--dry-run", "job.yaml", "--", "ls"), "error: give either a spec file"),
         (("--dry-run", "--"), "error: no command after --"),
+        (
+            ("--dry-run", "--preempt-signal", "NOPE", "--", "true"),
+            "error: --preempt-signal=NOPE: unknown signal 'NOPE'",
+        ),
+        (
+            ("--dry-run", "--preempt-signal", "KILL", "--", "true"),
+            "error: --preempt-signal=KILL: SIGKILL cannot be caught",
+        ),
+        (
+            ("--dry-run", "--preempt-grace", "soon", "--", "true"),
+            "error: --preempt-grace=soon: invalid duration",
+        ),
+        (
+            ("--dry-run", "--hang-timeout", "8-00:00:00", "--", "true"),
+            "error: --hang-timeout=8-00:00:00: at most 604800 seconds",
+        ),
+        (
+            ("--dry-run", "--checkpoint-dir", "", "--", "true"),
+            "error: --checkpoint-dir: the directory is empty",
+        ),
+        (
+            ("--dry-run", "train.sbatch", "--hang-timeout", "forever"),
+            "error: train.sbatch: --hang-timeout=forever: invalid duration",
+        ),
+        (
+            ("--dry-run", "job.yaml", "--no-restart-on-failure"),
+            "error: --restart-on-failure: set these in job.yaml",
+        ),
     ],
 )
 def test_bad_input_exits_2_with_one_line(files: Path, args: tuple[str, ...], message: str) -> None:

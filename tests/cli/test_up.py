@@ -41,7 +41,7 @@ def test_up_writes_the_client_config_and_ctrl_c_stops_everything(
         assert config.head == f"http://127.0.0.1:{port}"
         with PhalanxClient(config.head, config.token) as client:
             assert [n.name for n in client.nodes().nodes] == ["127.0.0.2"]
-        assert len(processes_mentioning(str(state))) == 3  # up, head, agent
+        assert len(processes_mentioning(str(state))) == 4  # up, head, agent, its lease guard
 
         up.send_signal(signal.SIGINT)
         assert up.wait(timeout=60) == 0

@@ -16,6 +16,7 @@ import pytest
 
 from phalanx.local.cluster import free_port
 from phalanx.testing.postgres import PostgresServer
+from tests.head.heads import new_database
 
 
 @dataclass
@@ -81,8 +82,9 @@ def head(
     db_url = None
     if request.param == "postgresql":
         pg: PostgresServer = request.getfixturevalue("postgres")
-        pg.reset()
-        db_url = pg.url
+        # Its own database: the session's e2e cluster holds the leader lock of the shared
+        # one, and a second head there would only be its standby.
+        db_url = new_database(pg, f"head_{request.module.__name__.rsplit('.', 1)[-1]}")
     h = start_head(tmp_path / "head", db_url)
     try:
         yield h

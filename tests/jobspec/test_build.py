@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import signal
 from typing import Any
 
 import pytest
@@ -202,6 +203,68 @@ def test_signal_reservation_flag_is_accepted_with_a_warning() -> None:
     assert warnings == ["--signal=R:USR1@30: the R: flag has no meaning in Phalanx; ignored"]
 
 
+def test_fault_tolerance_defaults_are_left_to_the_head() -> None:
+    spec = _spec()
+    assert (spec.restart_on_failure, spec.checkpoint_dir) == (False, None)
+    assert (spec.preempt_signal, spec.preempt_grace_s, spec.hang_timeout_s) == (
+        "SIGUSR1",
+        None,
+        None,
+    )
+
+
+def test_fault_tolerance_options() -> None:
+    spec = _spec(
+        restart_on_failure=True,
+        checkpoint_dir="/ckpt/run1",
+        preempt_signal="SIGTERM",
+        preempt_grace="1:30",
+        hang_timeout="900",
+    )
+    assert (spec.restart_on_failure, spec.checkpoint_dir) == (True, "/ckpt/run1")
+    assert (spec.preempt_signal, spec.preempt_grace_s, spec.hang_timeout_s) == (
+        "SIGTERM",
+        90,
+        900,
+    )
+    assert _spec(restart_on_failure=False).restart_on_failure is False
+    # 0 is kept as given: no grace (kill at the notice), and the hang check off.
+    assert (_spec(preempt_grace="0").preempt_grace_s, _spec(hang_timeout="0").hang_timeout_s) == (
+        0,
+        0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("workdir", "given", "resolved"),
+    [
+        (None, "ckpt", "/home/ada/ckpt"),
+        ("runs", "ckpt/", "/home/ada/runs/ckpt"),  # taken from the job's workdir, not cwd
+        ("/scratch", "../shared/./c", "/shared/c"),
+        ("runs", "/abs/ckpt", "/abs/ckpt"),
+    ],
+)
+def test_checkpoint_dir_is_made_absolute_from_the_workdir(
+    workdir: str | None, given: str, resolved: str
+) -> None:
+    assert _spec(workdir=workdir, checkpoint_dir=given).checkpoint_dir == resolved
+
+
+@pytest.mark.parametrize(
+    ("text", "name"),
+    [
+        ("USR1", "SIGUSR1"),
+        ("sigusr2", "SIGUSR2"),
+        ("SIGTERM", "SIGTERM"),
+        (" int ", "SIGINT"),
+        (str(signal.SIGUSR1.value), "SIGUSR1"),  # a number, in this machine's numbering
+        (str(signal.SIGTERM.value), "SIGTERM"),
+    ],
+)
+def test_preempt_signal_names_are_normalised(text: str, name: str) -> None:
+    assert _spec(preempt_signal=text).preempt_signal == name
+
+
 ERRORS: list[tuple[dict[str, object], str]] = [
     ({"command": None}, "give exactly one thing to run"),
     ({"script": "run\n"}, "not both"),
@@ -258,6 +321,21 @@ ERRORS: list[tuple[dict[str, object], str]] = [
     ({"exclude": "n[1-"}, "'[' without a matching ']'"),
     ({"export": "ALL,NONE"}, "ALL and NONE cannot be combined"),
     ({"export": "ALL,1BAD=x"}, "'1BAD=x' is not NAME or NAME=value"),
+    ({"checkpoint_dir": " "}, "--checkpoint-dir: the directory is empty"),
+    ({"checkpoint_dir": "~/ckpt"}, "--checkpoint-dir=~/ckpt: '~' is not expanded here"),
+    ({"checkpoint_dir": "/" + "d" * 4096}, "--checkpoint-dir: String should have at most 4096"),
+    ({"preempt_signal": "NOPE"}, "--preempt-signal=NOPE: unknown signal 'NOPE'"),
+    ({"preempt_signal": "USR1@60"}, "--preempt-signal=USR1@60: unknown signal 'USR1@60'"),
+    ({"preempt_signal": "999"}, "--preempt-signal=999: 999 is not a signal number"),
+    ({"preempt_signal": ""}, "--preempt-signal=: give a signal name"),
+    ({"preempt_signal": "KILL"}, "--preempt-signal=KILL: SIGKILL cannot be caught"),
+    ({"preempt_signal": "sigstop"}, "--preempt-signal=sigstop: SIGSTOP cannot be caught"),
+    ({"preempt_grace": "soon"}, "--preempt-grace=soon: invalid duration"),
+    ({"preempt_grace": "-5"}, "--preempt-grace=-5: invalid duration"),
+    ({"preempt_grace": "2-00"}, "--preempt-grace=2-00: at most 86400 seconds (172800 given)"),
+    ({"hang_timeout": "1h"}, "--hang-timeout=1h: invalid duration"),
+    ({"hang_timeout": "off"}, "0 turns the hang check off"),
+    ({"hang_timeout": "8-00"}, "--hang-timeout=8-00: at most 604800 seconds (691200 given)"),
 ]
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 
+import pytest
+
 from phalanx.jobspec import (
+    JobSpecError,
     SubmitOptions,
     build_spec,
     load_yaml,
@@ -33,6 +37,8 @@ SCRIPT = """\
 #SBATCH --export=ALL,EXTRA=1
 #SBATCH -x 127.0.0.[5-6]
 #SBATCH --max-restarts=5
+#SBATCH --restart-on-failure --checkpoint-dir=ckpt
+#SBATCH --preempt-signal=USR2 --preempt-grace=2:00 --hang-timeout=0:15:00
 
 srun python train.py
 """
@@ -62,6 +68,11 @@ export: ALL
 env: {EXTRA: "1"}
 exclude_nodes: [127.0.0.5, 127.0.0.6]
 max_restarts: 5
+restart_on_failure: true
+checkpoint_dir: /home/ada/proj/runs/ckpt
+preempt_signal: SIGUSR2
+preempt_grace_s: 120
+hang_timeout: 900
 script: |
 """ + textwrap.indent(SCRIPT, "  ")
 
@@ -87,6 +98,11 @@ FLAGS = SubmitOptions(
     export="ALL,EXTRA=1",
     exclude="127.0.0.5,127.0.0.6",
     max_restarts="5",
+    restart_on_failure=True,
+    checkpoint_dir="../runs/./ckpt/",
+    preempt_signal="sigusr2",
+    preempt_grace="120",
+    hang_timeout="15:00",
 )
 
 
@@ -100,6 +116,12 @@ def test_yaml_flags_and_sbatch_give_the_same_spec() -> None:
     assert from_sbatch.gpus_per_node == 8 and from_sbatch.gpu_model == "h100"
     assert from_sbatch.env == {"HOME": "/home/ada", "PATH": "/usr/bin", "EXTRA": "1"}
     assert from_sbatch.workdir == "/home/ada/proj/runs"
+    assert (from_sbatch.restart_on_failure, from_sbatch.checkpoint_dir) == (
+        True,
+        "/home/ada/proj/runs/ckpt",  # relative to the job's workdir (-D runs)
+    )
+    assert (from_sbatch.preempt_signal, from_sbatch.preempt_grace_s) == ("SIGUSR2", 120)
+    assert from_sbatch.hang_timeout_s == 900
 
 
 def test_command_jobs_agree_between_yaml_and_flags() -> None:
@@ -123,10 +145,23 @@ export: NONE
 
 def test_cli_overrides_script() -> None:
     opts, _ = parse_sbatch(SCRIPT)
-    cli = SubmitOptions(nodes="4", gpus_per_node="4", time="30", requeue=True, job_name="short")
+    cli = SubmitOptions(
+        nodes="4",
+        gpus_per_node="4",
+        time="30",
+        requeue=True,
+        job_name="short",
+        restart_on_failure=False,
+        checkpoint_dir="/fast/ckpt",
+        preempt_signal="TERM",
+        hang_timeout="0",
+    )
     merged = merge(opts, cli)
     spec, _ = build_spec(merged, command=None, script=SCRIPT, cwd=CWD, environ=ENV)
     assert (spec.name, spec.nodes, spec.time_limit_s, spec.requeue) == ("short", 4, 1800, True)
+    assert (spec.restart_on_failure, spec.checkpoint_dir) == (False, "/fast/ckpt")
+    assert (spec.preempt_signal, spec.hang_timeout_s) == ("SIGTERM", 0)
+    assert spec.preempt_grace_s == 120  # not given on the command line: the script's
     # The CLI's GPU option replaces the script's --gres (type included), not conflicts.
     assert (spec.gpus_per_node, spec.gpu_model) == (4, None)
     assert spec.team == "research" and spec.cpus_per_task == 32  # the rest stays
@@ -145,3 +180,36 @@ def test_merge_keeps_script_values_the_cli_does_not_give() -> None:
     script = SubmitOptions(requeue=False, exclusive=True, qos="high")
     assert merge(script, SubmitOptions()) == script
     assert merge(script, SubmitOptions(requeue=True)).requeue is True
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("preempt_signal", "NOPE", "--preempt-signal=NOPE: unknown signal 'NOPE'"),
+        ("preempt_signal", "STOP", "--preempt-signal=STOP: SIGSTOP cannot be caught"),
+        ("preempt_grace", "soon", "--preempt-grace=soon: invalid duration"),
+        ("preempt_grace", "1-00:00:01", "--preempt-grace=1-00:00:01: at most 86400 seconds"),
+        ("hang_timeout", "1h", "--hang-timeout=1h: invalid duration"),
+        ("checkpoint_dir", "~/c", "--checkpoint-dir=~/c: '~' is not expanded here"),
+    ],
+)
+def test_a_bad_value_gives_one_error_from_every_source(
+    field: str, value: str, message: str
+) -> None:
+    script = f"#!/bin/sh\n#SBATCH --{field.replace('_', '-')}={value}\nrun\n"
+    yaml_text = f"command: run\n{field}: {json.dumps(value)}\n"
+    errors = []
+    with pytest.raises(JobSpecError) as err:
+        opts, _ = parse_sbatch(script)
+        build_spec(opts, command=None, script=script, cwd=CWD, environ=ENV)
+    errors.append(str(err.value))
+    with pytest.raises(JobSpecError) as err:
+        flags = SubmitOptions()
+        setattr(flags, field, value)
+        build_spec(flags, command=["run"], script=None, cwd=CWD, environ=ENV)
+    errors.append(str(err.value))
+    with pytest.raises(JobSpecError) as err:
+        load_yaml(yaml_text, cwd=CWD, environ=ENV)
+    errors.append(str(err.value))
+    assert errors[0].startswith(message)
+    assert errors == [errors[0]] * 3

@@ -96,6 +96,14 @@ def test_nanotron_shaped_script() -> None:
         ("--export=ALL,FOO=bar", "export", "ALL,FOO=bar"),
         ("--launcher node", "launcher", "node"),
         ("--max-restarts=5", "max_restarts", "5"),
+        ("--restart-on-failure", "restart_on_failure", True),
+        ("--no-restart-on-failure", "restart_on_failure", False),
+        ("--checkpoint-dir=ckpt/run", "checkpoint_dir", "ckpt/run"),
+        ("--checkpoint-dir '/my ckpt'", "checkpoint_dir", "/my ckpt"),
+        ("--preempt-signal USR2", "preempt_signal", "USR2"),
+        ("--preempt-grace=2:00", "preempt_grace", "2:00"),
+        ("--hang-timeout 0", "hang_timeout", "0"),
+        ("--hang=600", "hang_timeout", "600"),  # a unique prefix, as for Slurm's options
     ],
 )
 def test_directive_forms(directive: str, field: str, value: object) -> None:
@@ -147,6 +155,10 @@ def test_reading_stops_at_first_command_and_warns_about_later_directives() -> No
         ("#SBATCH -Z", "line 2: unknown option -Z"),
         ("#SBATCH stray", "line 2: unexpected argument 'stray'"),
         ("#SBATCH --exclusive=user", "line 2: --exclusive=user is not supported"),
+        (
+            "#SBATCH --restart-on-failure=yes",
+            "line 2: --restart-on-failure=yes is not supported (only a plain",
+        ),
         ("   #SBATCH -N 2", "line 2: an indented #SBATCH is only a comment"),
     ],
 )
@@ -174,6 +186,7 @@ def test_commented_out_directive_is_silent() -> None:
     [
         ("#SBATCH --time\nrun\n", "line 1: --time needs a value"),
         ("#!/bin/sh\n#SBATCH -J\n", "line 2: -J/--job-name needs a value"),
+        ("#SBATCH --preempt-grace\nrun\n", "line 1: --preempt-grace needs a value"),
         ('#SBATCH --job-name="open\n', "line 1: cannot read #SBATCH line"),
     ],
 )

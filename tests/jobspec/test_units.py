@@ -1,4 +1,4 @@
-"""Slurm time limits and memory sizes."""
+"""Slurm time limits, durations in seconds and memory sizes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from phalanx.jobspec import JobSpecError, parse_mem, parse_time
+from phalanx.jobspec import JobSpecError, parse_duration, parse_mem, parse_time
 
 
 @pytest.mark.parametrize(
@@ -59,6 +59,39 @@ def test_time_forms_match_arithmetic(days: int, hours: int, minutes: int, second
     total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     assert parse_time(f"{days}-{hours:02d}:{minutes:02d}:{seconds:02d}") == (total or None)
     assert parse_time(f"{days * 24 + hours}:{minutes}:{seconds}") == (total or None)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("90", 90),  # a bare number is seconds here (minutes for -t)
+        (" 0 ", 0),  # zero is kept: for --hang-timeout it means "off"
+        ("0:00:00", 0),
+        ("1:30", 90),  # minutes:seconds, as -t
+        ("1:00:00", 3600),
+        ("1-0", 86400),
+        ("0-00:02", 120),  # days-hours:minutes
+        ("0-00:00:45", 45),
+        ("86400", 86400),  # the maximum is allowed
+    ],
+)
+def test_duration_forms(text: str, seconds: int) -> None:
+    assert parse_duration("--grace", text, maximum=86400) == seconds
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        *((bad, "invalid duration; use seconds, minutes:seconds") for bad in ("", "-1", "1h")),
+        *((bad, "invalid duration") for bad in ("1.5", "UNLIMITED", "9" * 50, "1:2:3:4")),
+        ("86401", "at most 86400 seconds (86401 given)"),
+        ("1-00:00:01", "at most 86400 seconds (86401 given)"),
+    ],
+)
+def test_duration_rejections_name_the_option_and_the_value(text: str, message: str) -> None:
+    with pytest.raises(JobSpecError) as err:
+        parse_duration("--grace", text, maximum=86400)
+    assert str(err.value).startswith(f"--grace={text}: {message}")
 
 
 @pytest.mark.parametrize(

@@ -84,6 +84,27 @@ max-restarts: 0
     assert (spec.preemptible, spec.requeue, spec.max_restarts) == (False, False, 0)
 
 
+def test_fault_tolerance_keys() -> None:
+    spec = _load(
+        """
+command: x
+chdir: run
+restart-on-failure: yes
+checkpoint_dir: ckpt
+preempt_signal: term
+preempt_grace: 2:00
+hang_timeout: 0
+"""
+    )
+    assert (spec.restart_on_failure, spec.checkpoint_dir) == (True, "/w/run/ckpt")
+    assert (spec.preempt_signal, spec.preempt_grace_s, spec.hang_timeout_s) == ("SIGTERM", 120, 0)
+    # A number is seconds (a signal number for preempt_signal); `_s` keys take seconds only.
+    spec = _load("command: x\npreempt_signal: 15\npreempt_grace: 90\nhang_timeout_s: 600\n")
+    assert (spec.preempt_signal, spec.preempt_grace_s, spec.hang_timeout_s) == ("SIGTERM", 90, 600)
+    spec = _load("command: x\npreempt_grace_s: 0\nrestart_on_failure: false\n")
+    assert (spec.preempt_grace_s, spec.restart_on_failure) == (0, False)
+
+
 def test_script_text_runs_with_the_batch_launcher() -> None:
     spec = _load("name: s\nscript: |\n  #!/bin/sh\n  echo hi\n")
     assert (spec.launcher, spec.script) == ("batch", "#!/bin/sh\necho hi\n")
@@ -114,6 +135,24 @@ def test_script_text_runs_with_the_batch_launcher() -> None:
         ("command: x\ndependencies: [{type: before, job_ids: [1]}]\n", "-d/--dependency"),
         ("command: x\nscript: y\n", "not both"),
         ("nodes: 2\n", "give exactly one thing to run"),
+        ("command: x\nrestart_on_failure: 1\n", "restart_on_failure: expected true or false"),
+        ("command: x\ncheckpoint_dir: [a]\n", "checkpoint_dir: expected text"),
+        ("command: x\ncheckpoint_dir: ~/c\n", "--checkpoint-dir=~/c: '~' is not expanded"),
+        ("command: x\npreempt_signal: HUP@3\n", "--preempt-signal=HUP@3: unknown signal"),
+        ("command: x\npreempt_signal: KILL\n", "SIGKILL cannot be caught"),
+        ("command: x\npreempt_grace: 1.5\n", "preempt_grace: expected text or a whole number"),
+        ("command: x\npreempt_grace: 1m\n", "--preempt-grace=1m: invalid duration"),
+        ("command: x\nhang_timeout: -1\n", "--hang-timeout=-1: invalid duration"),
+        ("command: x\nhang_timeout_s: 1:00\n", "--hang-timeout: Input should be a valid int"),
+        ("command: x\npreempt_grace_s: 90000\n", "--preempt-grace: Input should be less than"),
+        (
+            "command: x\nhang_timeout: 60\nhang_timeout_s: 60\n",
+            "give only one of hang_timeout and hang_timeout_s",
+        ),
+        (
+            "command: x\npreempt_grace: 60\npreempt-grace-s: 60\n",
+            "give only one of preempt_grace and preempt_grace_s",
+        ),
     ],
 )
 def test_yaml_errors(text: str, message: str) -> None:

@@ -10,7 +10,13 @@ from phalanx.train.env import DistEnv
 from phalanx.train.errors import TrainConfigError
 from phalanx.train.model import preset
 from phalanx.train.pipeline import stage_layers
-from phalanx.train.preempt import REQUEUE_EXIT_CODE, Preempted, deadline, notice_signal
+from phalanx.train.preempt import (
+    REQUEUE_EXIT_CODE,
+    Preempted,
+    PreemptionWatcher,
+    grace_s,
+    notice_signal,
+)
 from phalanx.train.runtime import ParallelConfig
 
 
@@ -111,13 +117,25 @@ def test_notice_signal_defaults_to_sigusr1_and_is_configurable() -> None:
         notice_signal({"PHALANX_PREEMPT_SIGNAL": "SIGNOPE"})
 
 
-def test_deadline_and_requeue_exit_code() -> None:
-    assert deadline({}) is None
-    assert deadline({"PHALANX_PREEMPT_DEADLINE": "1800000000.5"}) == 1800000000.5
-    with pytest.raises(TrainConfigError, match="Unix time"):
-        deadline({"PHALANX_PREEMPT_DEADLINE": "soon"})
+def test_grace_seconds_and_requeue_exit_code() -> None:
+    assert grace_s({}) is None
+    assert grace_s({"PHALANX_PREEMPT_DEADLINE": "30"}) == 30.0
+    assert grace_s({"PHALANX_PREEMPT_DEADLINE": "30.5"}) == 30.5
+    for bad in ("soon", "-1", "nan", "inf"):
+        with pytest.raises(TrainConfigError, match="not a number of seconds"):
+            grace_s({"PHALANX_PREEMPT_DEADLINE": bad})
     assert REQUEUE_EXIT_CODE == 75
     assert Preempted(12).code == REQUEUE_EXIT_CODE
+
+
+def test_seconds_left_counts_from_the_notice() -> None:
+    """PHALANX_PREEMPT_DEADLINE is the grace after the notice, not a point in time."""
+    watcher = PreemptionWatcher(None, {"PHALANX_PREEMPT_DEADLINE": "30"})
+    assert watcher.seconds_left() is None  # no notice yet
+    watcher.request()
+    left = watcher.seconds_left()
+    assert watcher.received_at is not None and left is not None and 0 < left <= 30
+    assert PreemptionWatcher(None, {}).seconds_left() is None
 
 
 def test_unknown_preset_or_field_is_a_clear_error() -> None:
