@@ -1,0 +1,381 @@
+"""Chaos: while ledger jobs stream into a LocalCluster, a seeded driver crashes nodes,
+freezes agents, kills ranks, restarts the head and injects GPU faults; then it checks the
+fault-tolerance invariants (docs/fault-tolerance.md) on the head's answers and the ledgers.
+
+    report = run_chaos(tmp_dir, ChaosConfig(seed=1, duration_s=40))
+    assert report.ok, report.to_json()
+
+Used by tests/e2e/test_chaos.py (short) and bench/chaos.py (long). Every process the run
+starts is stopped when it returns or raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import random
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from phalanx.api.models import JobInfo, JobSpec
+from phalanx.client.api import ApiError, PhalanxClient
+from phalanx.local.cluster import LocalCluster
+from phalanx.testing import workload
+from phalanx.testing.faults import ACTIONS, Faults, retry
+from phalanx.testing.invariants import (
+    Verdict,
+    check_accounted,
+    check_gpu_exclusive,
+    check_never_twice,
+    check_no_step_back,
+)
+
+# (nodes, GPUs per node, weight): mostly one node, a share of 2-node gangs.
+SHAPES = ((1, 1, 0.4), (1, 2, 0.25), (2, 1, 0.2), (2, 2, 0.15))
+NAME_PREFIX = "chaos-"
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    """One chaos run. The head's settings default to a short lease (the lead's FT tests)."""
+
+    seed: int = 0
+    duration_s: float = 40.0  # chaos and submissions
+    settle_s: float = 30.0  # then wait this long for jobs to end before cancelling the rest
+    nodes: int = 4
+    gpus_per_node: int = 2
+    heartbeat_s: float = 0.5
+    lease_s: float = 2.0
+    requeue_margin_s: float = 1.0
+    kill_grace_s: float = 2.0
+    submit_every_s: float = 0.8  # mean time between submissions
+    fault_every_s: float = 3.0  # mean time between chaos actions
+    warmup_s: float = 3.0  # no chaos before this (jobs get going)
+    min_steps: int = 15
+    max_steps: int = 50
+    step_s: float = 0.1
+    max_restarts: int = 20
+    min_healthy_nodes: int = 2  # never disturb a node if fewer would be left untouched
+    weights: tuple[float, ...] = (3.0, 2.0, 3.0, 1.5, 1.5, 1.5)  # in ACTIONS order
+
+    def head_args(self) -> list[str]:
+        """`phalanx head` flags for these settings (the hang check is off)."""
+        return [
+            *("--heartbeat", str(self.heartbeat_s), "--lease", str(self.lease_s)),
+            *("--requeue-margin", str(self.requeue_margin_s)),
+            *("--kill-grace", str(self.kill_grace_s), "--hang-timeout", "0"),
+        ]
+
+    def validate(self) -> None:
+        """Raise ValueError naming the setting that cannot work."""
+        if len(self.weights) != len(ACTIONS) or min(self.weights) < 0 or sum(self.weights) <= 0:
+            raise ValueError(f"weights: {len(ACTIONS)} non-negative numbers for {ACTIONS}")
+        if self.nodes < 2 or self.min_healthy_nodes < 2 or self.min_healthy_nodes > self.nodes:
+            raise ValueError("need nodes ≥ min_healthy_nodes ≥ 2 (2-node jobs must still run)")
+        if not 1 <= self.min_steps <= self.max_steps:
+            raise ValueError("need 1 ≤ min_steps ≤ max_steps")
+        if min(self.duration_s, self.settle_s, self.submit_every_s, self.fault_every_s) <= 0:
+            raise ValueError("durations and intervals must be positive")
+
+
+@dataclass
+class Submission:
+    """One submit the driver made; `job_id` set when the head accepted it."""
+
+    seq: int
+    name: str
+    workdir: Path
+    steps: int
+    nodes: int
+    gpus_per_node: int
+    job_id: int | None = None
+    error: str | None = None  # why not accepted
+    unreachable: bool = False  # the head did not answer (down, restarting)
+
+
+@dataclass
+class ChaosReport:
+    """What a run did and found; `ok` when every invariant held."""
+
+    config: ChaosConfig
+    state_dir: Path
+    wall_s: float = 0.0
+    actions: Counter[str] = field(default_factory=Counter)
+    skipped: Counter[str] = field(default_factory=Counter)  # chosen, but nothing to hit
+    timeline: list[str] = field(default_factory=list)
+    submissions: list[Submission] = field(default_factory=list)
+    final_states: Counter[str] = field(default_factory=Counter)
+    restarts: int = 0
+    runs: int = 0  # (job, epoch, rank) processes seen in the ledgers
+    unacknowledged: int = 0  # jobs the head has for submits whose answer never came
+    leftover_processes: int = 0  # job processes still alive after the cluster stopped
+    invariants: list[Verdict] = field(default_factory=list)
+    evidence: dict[int, list[str]] = field(default_factory=dict)  # job → its event log
+    errors: list[str] = field(default_factory=list)  # the driver could not do its part
+
+    @property
+    def ok(self) -> bool:
+        """Every invariant checked and held, and the driver ran to the end."""
+        return bool(self.invariants) and all(v.ok for v in self.invariants) and not self.errors
+
+    def to_json(self) -> dict[str, Any]:
+        """One JSON-ready object: counts, the invariants' results, evidence."""
+        subs = self.submissions
+        return {
+            "ok": self.ok,
+            "seed": self.config.seed,
+            "wall_s": round(self.wall_s, 1),
+            "config": asdict(self.config),
+            "actions": dict(sorted(self.actions.items())),
+            "skipped_actions": dict(sorted(self.skipped.items())),
+            "submitted": len(subs),
+            "accepted": sum(s.job_id is not None for s in subs),
+            "refused_head_unreachable": sum(s.unreachable for s in subs),
+            "rejected": sum(s.error is not None and not s.unreachable for s in subs),
+            "unacknowledged_in_head": self.unacknowledged,
+            "final_states": dict(sorted(self.final_states.items())),
+            "restarts": self.restarts,
+            "runs": self.runs,
+            "invariants": {v.name: v.to_json() for v in self.invariants},
+            "evidence": {str(k): v for k, v in self.evidence.items()},
+            "errors": self.errors,
+            "leftover_processes": self.leftover_processes,
+            "state_dir": str(self.state_dir),
+            "timeline": self.timeline,
+        }
+
+
+def run_chaos(
+    state_dir: Path, config: ChaosConfig, say: Callable[[str], None] | None = None
+) -> ChaosReport:
+    """Run the chaos in `state_dir` (cluster state, logs, job ledgers) and check the
+    invariants; `say` gets progress lines. A failure of the run itself (the cluster did not
+    start, a node never came back) is in `errors`. Raises ValueError for a config that
+    cannot work."""
+    config.validate()
+    return _Driver(Path(state_dir).resolve(), config, say or (lambda _m: None)).run()
+
+
+class _Driver:
+    def __init__(self, state_dir: Path, config: ChaosConfig, say: Callable[[str], None]) -> None:
+        self.dir = state_dir
+        self.cfg = config
+        self.say = say
+        self.rng = random.Random(config.seed)
+        self.report = ChaosReport(config, state_dir)
+        self.cluster = LocalCluster(
+            state_dir / "cluster",
+            nodes=config.nodes,
+            gpus_per_node=config.gpus_per_node,
+            head_args=config.head_args(),
+        )
+        self.stop = threading.Event()
+        self.faults: Faults | None = None
+        self.t0 = self.started = time.monotonic()
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> ChaosReport:
+        url = ""
+        try:
+            self.cluster.start()
+            url = self.cluster.url
+            self.t0 = time.monotonic()  # chaos time counts from here
+            self.say(f"cluster up: {self.cfg.nodes} nodes × {self.cfg.gpus_per_node} GPUs")
+            self.client = self.cluster.client()
+            self.faults = Faults(
+                self.cluster,
+                self.client,
+                self.rng,
+                prefix=NAME_PREFIX,
+                ledger=self._ledger,
+                requeue_s=self.cfg.lease_s + self.cfg.requeue_margin_s,
+                min_healthy=self.cfg.min_healthy_nodes,
+                note=self._note,
+            )
+            with self.client:
+                submitter = threading.Thread(target=self._submit_loop, name="chaos-submit")
+                submitter.start()
+                try:
+                    self._chaos_loop(self.faults, self.t0 + self.cfg.duration_s)
+                finally:
+                    self.stop.set()
+                    submitter.join()
+                self._recover_all(self.faults)
+                self._settle()
+                self._check()
+        except Exception as exc:  # reported (ok is False), with where it happened
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            self.report.errors.append(
+                f"{type(exc).__name__}: {exc} (at {Path(where.filename).name}:{where.lineno})"
+            )
+        finally:
+            if self.faults is not None:
+                self.faults.thaw_all()
+            self.cluster.stop()
+            self.report.leftover_processes = workload.kill_job_processes(url) if url else 0
+            self.report.wall_s = time.monotonic() - self.started
+        return self.report
+
+    def _note(self, action: str, detail: str) -> None:
+        line = f"{time.monotonic() - self.t0:6.1f}s ({time.time():.3f}) {action} {detail}"
+        self.report.timeline.append(line)
+        self.say(line)
+
+    # ------------------------------------------------------------------ submissions
+    def _submit_loop(self) -> None:
+        rng = random.Random(self.cfg.seed * 7919 + 1)  # its own stream: shapes don't shift
+        deadline = time.time() + self.cfg.duration_s + self.cfg.settle_s + 300
+        shapes = [(n, g) for n, g, _ in SHAPES]
+        weights = [w for _, _, w in SHAPES]
+        with self.cluster.client() as client:
+            seq = 0
+            while not self.stop.wait(rng.uniform(0.5, 1.5) * self.cfg.submit_every_s):
+                seq += 1
+                nodes, gpus = rng.choices(shapes, weights)[0]
+                workdir = self.dir / "jobs" / f"{seq:04d}"
+                workdir.mkdir(parents=True)
+                sub = Submission(
+                    seq,
+                    f"{NAME_PREFIX}{seq}",
+                    workdir,
+                    rng.randint(self.cfg.min_steps, self.cfg.max_steps),
+                    nodes,
+                    gpus,
+                )
+                env = {"LEDGER": str(workdir / "ledger.jsonl"), "OMP_NUM_THREADS": "1"}
+                env["LEDGER_DEADLINE"] = f"{deadline:.0f}"
+                spec = JobSpec(
+                    name=sub.name,
+                    command=workload.command(sub.steps, self.cfg.step_s),
+                    workdir=str(workdir),
+                    env=env,
+                    nodes=nodes,
+                    gpus_per_node=gpus,
+                    max_restarts=self.cfg.max_restarts,
+                    restart_on_failure=rng.random() < 0.5,
+                )
+                try:
+                    sub.job_id = client.submit(spec).job_ids[0]
+                except ApiError as exc:
+                    sub.error = str(exc)
+                    sub.unreachable = exc.status is None or exc.status >= 500
+                self.report.submissions.append(sub)
+
+    # ------------------------------------------------------------------ chaos
+    def _ledger(self, job_id: int) -> Path | None:
+        for s in list(self.report.submissions):
+            if s.job_id == job_id:
+                return s.workdir / "ledger.jsonl"
+        return None
+
+    def _chaos_loop(self, faults: Faults, until: float) -> None:
+        next_action = self.t0 + self.cfg.warmup_s
+        while time.monotonic() < until:
+            faults.recover()
+            if time.monotonic() >= next_action:
+                action = self.rng.choices(ACTIONS, self.cfg.weights)[0]
+                if faults.act(action):
+                    self.report.actions[action] += 1
+                else:
+                    self.report.skipped[action] += 1
+                next_action = time.monotonic() + self.rng.uniform(0.5, 1.5) * self.cfg.fault_every_s
+            time.sleep(0.05)
+
+    def _recover_all(self, faults: Faults) -> None:
+        """Undo every disturbance, then wait until every node is up again."""
+        faults.recover(everything=True)
+        deadline = time.monotonic() + 60
+
+        def all_up() -> bool:
+            nodes = retry(self.client.nodes).nodes
+            for n in nodes:
+                if n.state in ("drain", "draining"):  # a late XID 79 drained it
+                    faults.resume(n.name)
+            return len(nodes) == self.cfg.nodes and all(n.state == "up" for n in nodes)
+
+        while not all_up():
+            if time.monotonic() > deadline:
+                raise RuntimeError("nodes not all up 60 s after the chaos stopped")
+            time.sleep(0.2)
+        self.say("chaos over: every node up")
+
+    def _settle(self) -> None:
+        """Let jobs finish for settle_s; cancel what is left; wait until all have ended."""
+        ids = [s.job_id for s in self.report.submissions if s.job_id is not None]
+        if _wait_ended(self.client, ids, self.cfg.settle_s):
+            return
+        for info in retry(lambda: self.client.jobs(active=True)).jobs:
+            if info.name.startswith(NAME_PREFIX) and info.state in ("PD", "R", "PR"):
+                with contextlib.suppress(ApiError):  # 409: it ended meanwhile
+                    self.client.cancel(info.id)
+        self.say("settle time over: cancelled what was still queued or running")
+        _wait_ended(self.client, ids, 60)
+
+    # ------------------------------------------------------------------ invariants
+    def _check(self) -> None:
+        subs = self.report.submissions
+        listed = retry(lambda: self.client.jobs(active=True, ended=True, limit=100_000)).jobs
+        ours = [j for j in listed if j.name.startswith(NAME_PREFIX)]
+        names = Counter(j.name for j in ours)
+        head: dict[int, JobInfo] = {}
+        for job_id in (s.job_id for s in subs if s.job_id is not None):
+            with contextlib.suppress(ApiError):  # 404: unknown to the head (a violation)
+                head[job_id] = retry(partial(self.client.job, job_id)).job
+        accepted = {s.name for s in subs if s.job_id is not None}
+        self.report.unacknowledged = sum(1 for j in ours if j.name not in accepted)
+        self.report.final_states = Counter(i.state for i in head.values())
+        self.report.restarts = sum(i.restart_count for i in head.values())
+        lives = [
+            life
+            for s in subs
+            for life in workload.lives(workload.read_ledger(s.workdir / "ledger.jsonl"))
+        ]
+        self.report.runs = len(lives)
+        shapes = {s.job_id: s for s in subs if s.job_id is not None}
+        completed = {
+            i.id: (i.epoch, shapes[i.id].nodes * shapes[i.id].gpus_per_node, shapes[i.id].steps)
+            for i in head.values()
+            if i.state == "CD"
+        }
+        self.report.invariants = [
+            check_accounted([(s.name, s.job_id) for s in subs], head, names),
+            check_never_twice(lives),
+            check_no_step_back(lives, completed),
+            check_gpu_exclusive(lives),
+        ]
+        for verdict in self.report.invariants:
+            for line in verdict.violations:
+                for job in _job_ids(line)[:2]:
+                    if job not in self.report.evidence and len(self.report.evidence) < 10:
+                        self.report.evidence[job] = _events(self.client, job)
+
+
+def _wait_ended(client: PhalanxClient, ids: list[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        active = {j.id for j in retry(lambda: client.jobs(active=True)).jobs}
+        if not active & set(ids):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+
+
+def _job_ids(line: str) -> list[int]:
+    words = line.replace(":", " ").split()
+    return [int(w) for a, w in itertools.pairwise(words) if a == "job" and w.isdigit()]
+
+
+def _events(client: PhalanxClient, job_id: int) -> list[str]:
+    try:
+        detail = client.job(job_id)
+    except ApiError as exc:
+        return [f"(no detail: {exc})"]
+    return [f"{e.time:.3f} {e.kind} {e.node or ''}: {e.message}" for e in detail.events]
