@@ -272,3 +272,25 @@ def test_a_frozen_agent_never_lets_its_job_run_twice(
     assert done.restart_count == 1
     assert_never_twice(workdir)
     wait_for(f"{node} back", lambda: _state(api, node) == "up" or None, 30)
+
+
+def test_a_node_that_keeps_failing_jobs_is_avoided_in_the_next_placement(
+    api: PhalanxClient, workdir: Path
+) -> None:
+    # Five runs of a job that always fails, on three nodes: by the fourth run some node has
+    # failed it twice, so at least one run follows an avoidance.
+    spec = ft_spec(workdir, 50, 0.05, "--fail-rank", "0", restart_on_failure=True, max_restarts=4)
+    job_id = submit(api, spec)
+
+    wait_state(api, job_id, ["F"], timeout=90)
+
+    events = api.job(job_id).events
+    avoided = [(e.time, e.node) for e in events if e.kind == "avoid_node"]
+    begins = [e for e in ledger(workdir) if e["event"] == "begin"]
+    assert len(begins) == 5
+    followed = 0
+    for when, node in avoided:
+        later = [b["node"] for b in begins if b["t"] > when]
+        assert node not in later, (node, later)
+        followed += bool(later)
+    assert followed, describe(api, job_id)
