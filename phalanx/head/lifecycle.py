@@ -118,6 +118,8 @@ def fenced(mirror: Mirror, node: str, now: float) -> bool:
 
 def finalize(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
     why = rec.stopping or "cancel"
+    if why == "fail":
+        why = _failed_with_its_node(mirror, tx, rec, now)
     if rec.progress:  # keep the last training progress the job reported in its history
         last = rec.progress[min(rec.progress)]
         loss = "" if last.loss is None else f", loss {last.loss:.4f}"
@@ -156,6 +158,19 @@ def finalize(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
     del mirror.jobs[rec.id]
     _release_array_task(mirror, tx, rec, now)
     tx.kick = True
+
+
+def _failed_with_its_node(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> str:
+    """A rank failed and one of the job's nodes went down meanwhile: when a node dies, its
+    peers' collectives fail first (seconds before the lease runs out), so the node, not
+    the job, is to blame: requeue it as a node failure while its restarts last."""
+    dead = [n for n, _ in rec.placement if n in mirror.nodes and mirror.nodes[n].state == "down"]
+    if not dead or not rec.spec.requeue or rec.restart_count >= rec.spec.max_restarts:
+        return "fail"
+    message = f"node {', '.join(dead)} stopped answering while the job ran"
+    rec.reason, rec.reason_message = "NodeFail", message
+    tx.event(now, "nodefail", message, rec.id, node=dead[0])
+    return "requeue"
 
 
 def _refresh_core_request(mirror: Mirror, rec: JobRecord) -> None:

@@ -294,3 +294,26 @@ def test_a_node_that_keeps_failing_jobs_is_avoided_in_the_next_placement(
         assert node not in later, (node, later)
         followed += bool(later)
     assert followed, describe(api, job_id)
+
+
+def test_a_rank_failing_because_its_peers_node_died_is_a_node_failure(
+    cluster: LocalCluster, api: PhalanxClient, workdir: Path
+) -> None:
+    # Rank 0 exits 1 once rank 1 is gone, as a collective would fail when a peer's node
+    # dies: seconds before the head can know the node is down.
+    script = (
+        '[ "$PHALANX_RESTART_COUNT" != 0 ] && exit 0\n'
+        '[ "$RANK" = 1 ] && { echo $$ > rank1.pid; exec sleep 300; }\n'
+        "until [ -s rank1.pid ]; do sleep 0.05; done\n"
+        'p=$(cat rank1.pid); while kill -0 "$p" 2>/dev/null; do sleep 0.05; done; exit 1\n'
+    )
+    spec = JobSpec(command=["bash", "-c", script], workdir=str(workdir), nodes=2)
+    job_id = submit(api, spec)
+    info = wait_state(api, job_id, "R")
+    wait_for("rank 1", lambda: (workdir / "rank1.pid").exists() or None)
+
+    cluster.crash_node(info.placement[1].node)
+
+    done = wait_state(api, job_id, "CD", timeout=60)
+    assert done.restart_count == 1, describe(api, job_id)
+    assert any(e.kind == "nodefail" for e in api.job(job_id).events), describe(api, job_id)
