@@ -23,11 +23,15 @@ Real processes (head, agents, jobs) on 127.0.0.N with fake GPUs; training runs o
                     steps lost here (the last logged step − the step it resumed from).
   ettr              the same 2-node job for --ettr-minutes with one of its nodes crashed
                     every --fail-every s (its agent restarts after the lease) and a
-                    checkpoint every ~--ckpt-every-s. ETTR = steps kept at the end × the
-                    undisturbed step time / wall time from submit; the undisturbed step
-                    time is the median step time an undisturbed run of the same job logs
-                    first, on the same cluster. Baseline: the ETTR the same run would have
-                    had without checkpoints (only the steps since the last restart kept).
+                    checkpoint every ~--ckpt-every-s. ETTR = useful training time / wall
+                    time from submit, where useful = the steps kept at the end × their
+                    undisturbed step time: each kept step counted at the step time the
+                    trainer itself measured for it (train_gpt's progress lines: no restart
+                    or checkpoint save in it), so that a busy shared machine slowing every
+                    step does not read as lost work. Also with the step time of an
+                    undisturbed 400-step run of the same job first, on the same cluster
+                    (ettr_with_calibration_step_time). Baseline: the ETTR the same run
+                    would have had without checkpoints (only the last run's steps kept).
   head_reconcile_s  3 running ledger jobs (phalanx.testing.workload, progress reported every
                     0.2 s) and 997 pending ones: SIGKILL the head and start it again at
                     once; from the new process's start until it answers, every node has
@@ -59,7 +63,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from phalanx.api.models import JobSpec
 from phalanx.client.api import ApiError, PhalanxClient
@@ -74,6 +78,7 @@ PHASES = ("detect", "resume", "ettr", "reconcile")
 STEP = re.compile(r"^step (\d+) \|.*\| step ([\d.]+) ms", re.MULTILINE)
 RESUMED = re.compile(r"^resumed from step (\d+)", re.MULTILINE)
 JOB_ENV = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+LOG_EVERY = 10  # train_gpt progress lines in the ETTR phase
 
 
 def say(message: str) -> None:
@@ -239,24 +244,25 @@ def ettr(
 ) -> dict[str, Any]:
     client = cluster.client()
     rng = random.Random(args.seed)
-    # The undisturbed step time, from a run of the same job without failures or checkpoints.
+    # A run of the same job without failures or checkpoints, first: its step time sets the
+    # checkpoint interval in steps, and is the calibrated baseline of the step time.
     calibrate = train_spec(root / "calibrate", "--steps", "400", "--log-every", "20")
     calibrate = calibrate.model_copy(
         update={"command": [*(calibrate.command or []), "--checkpoint-every", "1000000000"]}
     )
     cal_id = client.submit(calibrate).job_ids[0]
     wait_for("the calibration run", lambda: client.job(cal_id).job.state == "CD" or None, 300, 0.5)
-    step_ms = statistics.median(ms for _, ms in steps_in(rank0_log(client, cal_id))[2:])
-    ckpt_steps = max(1, round(args.ckpt_every_s * scale * 1000 / step_ms))
+    cal_ms = statistics.median(ms for _, ms in steps_in(rank0_log(client, cal_id))[2:])
+    ckpt_steps = LOG_EVERY * max(1, round(args.ckpt_every_s * scale * 1000 / cal_ms / LOG_EVERY))
     window, every = args.ettr_minutes * 60 * scale, args.fail_every * scale
     lease = DEFAULTS["lease_s"] * scale + DEFAULTS["requeue_margin_s"] * scale
-    say(f"ettr: undisturbed step {step_ms:.1f} ms, a checkpoint every {ckpt_steps} steps")
+    say(f"ettr: calibration step {cal_ms:.1f} ms, a checkpoint every {ckpt_steps} steps")
 
     workdir = root / "ettr"
-    spec = train_spec(workdir, "--log-every", "10", "--checkpoint-every", str(ckpt_steps))
+    spec = train_spec(workdir, "--log-every", str(LOG_EVERY), "--checkpoint-every", str(ckpt_steps))
     t_submit = time.monotonic()
     job_id = client.submit(spec).job_ids[0]
-    crashes: list[str] = []
+    runs: dict[int, str] = {}  # epoch → rank 0's output, read just before the crash
     comebacks: list[tuple[float, str]] = []
     next_crash = t_submit + every
     while time.monotonic() < t_submit + window:
@@ -269,55 +275,71 @@ def ettr(
             info = _running(client, job_id)
             if info is not None:  # a crash while it restarts would hit no training
                 node = rng.choice(sorted(p.node for p in info.placement))
+                runs[info.epoch] = rank0_log(client, job_id)
                 cluster.crash_node(node)
-                crashes.append(node)
                 comebacks.append((now + lease + 2.0 * scale, node))
                 next_crash += every
                 say(f"ettr: crashed {node} at {now - t_submit:.0f} s")
         time.sleep(0.2)
     wall = time.monotonic() - t_submit
-    detail = client.job(job_id)
-    kept, since_restart = _kept_steps(client, job_id, workdir / "ckpt")
+    info = client.job(job_id).job
+    running = info.state == "R"
+    if running:
+        runs[info.epoch] = rank0_log(client, job_id)
     client.cancel(job_id)
     for _, node in comebacks:
         cluster.start_agent(node)
-    useful = kept * step_ms / 1000
+    kept = _lineage(runs, running, _newest_checkpoint(workdir / "ckpt"))
     return {
-        "ettr": round(useful / wall, 3),
-        "ettr_baseline_without_checkpoints": round(since_restart * step_ms / 1000 / wall, 3),
+        "ettr": round(kept.useful_s / wall, 3),
+        "ettr_with_calibration_step_time": round(kept.steps * cal_ms / 1000 / wall, 3),
+        "ettr_baseline_without_checkpoints": round(kept.last_run_s / wall, 3),
         "ettr_wall_s": round(wall, 1),
-        "ettr_useful_s": round(useful, 1),
-        "ettr_steps_kept": kept,
-        "ettr_undisturbed_step_ms": round(step_ms, 2),
+        "ettr_useful_s": round(kept.useful_s, 1),
+        "ettr_steps_kept": kept.steps,
+        "ettr_steps_lost_per_crash": kept.lost,
+        "ettr_step_ms_in_run": round(1000 * kept.useful_s / max(kept.steps, 1), 2),
+        "ettr_step_ms_calibration": round(cal_ms, 2),
         "ettr_checkpoint_every_steps": ckpt_steps,
-        "ettr_node_crashes": len(crashes),
-        "ettr_restarts": detail.job.restart_count,
+        "ettr_node_crashes": len(runs) - running,
+        "ettr_restarts": info.restart_count,
         "ettr_fail_every_s": round(every, 1),
     }
 
 
-def _kept_steps(client: PhalanxClient, job_id: int, ckpt_dir: Path) -> tuple[int, int]:
-    """(steps the job holds now, steps it trained since its last restart): its current run's
-    last logged step, or, while it restarts, its newest complete checkpoint."""
-    saved = [
+class Lineage(NamedTuple):
+    steps: int  # the steps the job holds at the end
+    useful_s: float  # the time its runs spent computing those steps (their own step times)
+    last_run_s: float  # of which the last run's (all a job without checkpoints would keep)
+    lost: list[int]  # per crash: the steps computed after the checkpoint it resumed from
+
+
+def _lineage(runs: dict[int, str], running: bool, checkpoint: int) -> Lineage:
+    """Which computed steps survive: each run's steps up to the step the next run resumed
+    from, and the last run's up to its last logged step (or, while it restarts, the newest
+    complete checkpoint). Each of train_gpt's progress lines gives the mean step time of
+    the LOG_EVERY steps before it (checkpoint saves and restarts not included)."""
+    epochs = sorted(runs)
+    starts = [int(m.group(1)) if (m := RESUMED.search(runs[e])) else 0 for e in epochs]
+    logged = [steps_in(runs[e]) for e in epochs]
+    end = logged[-1][-1][0] if running and logged[-1] else checkpoint
+    ends = [*starts[1:], end]
+    times = [
+        sum(LOG_EVERY * ms for step, ms in lines if start < step <= stop) / 1000
+        for lines, start, stop in zip(logged, starts, ends, strict=True)
+    ]
+    lost = [lines[-1][0] - nxt for lines, nxt in zip(logged, starts[1:], strict=False) if lines]
+    return Lineage(ends[-1], sum(times), times[-1], lost)
+
+
+def _newest_checkpoint(ckpt_dir: Path) -> int:
+    """The step of the newest complete checkpoint (phalanx.train's COMPLETE marker), or 0."""
+    steps = [
         int(p.parent.name.removeprefix("step_"))
         for p in ckpt_dir.glob("step_*/COMPLETE")
         if p.parent.name.removeprefix("step_").isdigit()
     ]
-    kept = max(saved, default=0)
-    since = 0
-    info = client.job(job_id).job
-    if info.state == "R":
-        try:
-            text = rank0_log(client, job_id)
-        except ApiError:
-            text = ""
-        steps = steps_in(text)
-        resumed = RESUMED.search(text)
-        if steps:
-            kept = max(kept, steps[-1][0])
-            since = steps[-1][0] - (int(resumed.group(1)) if resumed else 0)
-    return kept, since
+    return max(steps, default=0)
 
 
 # ----------------------------------------------------------------------------- reconcile

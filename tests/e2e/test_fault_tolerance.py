@@ -288,12 +288,13 @@ def test_a_node_that_keeps_failing_jobs_is_avoided_in_the_next_placement(
     avoided = [(e.time, e.node) for e in events if e.kind == "avoid_node"]
     begins = [e for e in ledger(workdir) if e["event"] == "begin"]
     assert len(begins) == 5
-    followed = 0
-    for when, node in avoided:
-        later = [b["node"] for b in begins if b["t"] > when]
-        assert node not in later, (node, later)
-        followed += bool(later)
-    assert followed, describe(api, job_id)
+    assert avoided, describe(api, job_id)
+    # Each run keeps off the nodes avoided before it, unless every node was (blames from
+    # earlier tests count too): then the job may run anywhere rather than never.
+    for run in begins:
+        before = {node for when, node in avoided if when < run["t"]}
+        if before != set(NODES):
+            assert run["node"] not in before, (run, avoided)
 
 
 def test_a_rank_failing_because_its_peers_node_died_is_a_node_failure(
