@@ -234,8 +234,11 @@ class HeadLink:
             self._reachable = False
             self._backoff = _BACKOFF_MIN_S
         self._check_lease()
-        await self._pause(self._backoff)
-        self._backoff = min(self._backoff * 2, _BACKOFF_MAX_S)
+        # While the lease holds, retry at least every heartbeat: a head back from a short
+        # outage must hear from us before the lease runs out, or the jobs are fenced.
+        cap = _BACKOFF_MAX_S if self._lease_lost else min(_BACKOFF_MAX_S, self.heartbeat_s)
+        await self._pause(min(self._backoff, cap))
+        self._backoff = min(self._backoff * 2, cap)
 
     def _ok(self, sent: float) -> None:
         """The head answered a request sent at `sent` (monotonic): the lease runs from
