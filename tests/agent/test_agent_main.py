@@ -2,60 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import uvicorn
-from fastapi import FastAPI, Header, HTTPException
 
 from phalanx.agent.main import AgentConfig, AgentError, run_agent
 from phalanx.api.models import (
     DesiredState,
     Heartbeat,
-    RegisterRequest,
-    RegisterResponse,
 )
 
 from .helpers import assignment, wait_for
-
-JOIN = "join-token-abcdefghijklmnop"
-NODE = "node-token-qrstuvwxyz012345"
-
-
-@dataclass
-class StubHead:
-    """Records what the agent sends; answers one fixed desired state (long poll honoured)."""
-
-    desired: DesiredState
-    registered: list[RegisterRequest] = field(default_factory=list)
-    beats: list[Heartbeat] = field(default_factory=list)
-    url: str = ""
-
-    def app(self) -> FastAPI:
-        app = FastAPI()
-
-        @app.post("/v1/agent/register")
-        def register(req: RegisterRequest, authorization: str = Header("")) -> RegisterResponse:
-            if authorization != f"Bearer {JOIN}":
-                raise HTTPException(401, "invalid join token")
-            self.registered.append(req)
-            return RegisterResponse(node_token=NODE, heartbeat_s=0.5, lease_s=5.0)
-
-        @app.post("/v1/agent/heartbeat")
-        async def heartbeat(beat: Heartbeat, authorization: str = Header("")) -> DesiredState:
-            if authorization != f"Bearer {NODE}":
-                raise HTTPException(401, "invalid node token")
-            self.beats.append(beat)
-            if beat.version == self.desired.version:
-                await asyncio.sleep(beat.wait_s)  # nothing will change: hold the long poll
-            return self.desired
-
-        return app
+from .stubhead import JOIN, NODE, StubHead, serve
 
 
 @pytest.fixture
@@ -70,19 +30,9 @@ def head(tmp_path: Path) -> Iterator[StubHead]:
         gpus=[0],
         master_port=None,
     )
-    stub = StubHead(
-        DesiredState(version=3, jobs=[job], heartbeat_s=0.5, lease_s=5.0, kill_grace_s=1.0)
-    )
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(stub.app(), log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_for("the stub head", lambda: server.started)
-    stub.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    yield stub
-    server.should_exit = True
-    thread.join(timeout=10)
+    desired = DesiredState(version=3, jobs=[job], heartbeat_s=0.5, lease_s=5.0, kill_grace_s=1.0)
+    with serve(StubHead(desired)) as stub:
+        yield stub
 
 
 def config(head: StubHead, tmp_path: Path, token: str = JOIN) -> AgentConfig:

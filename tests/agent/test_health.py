@@ -3,22 +3,17 @@ seq/ack event queue, NHC-style check scripts, and fault injection through the ag
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 import logging
-import socket
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
-from fastapi import FastAPI, Header, HTTPException
 
 from phalanx.agent.gpus import FakeProvider, GpuFault, NvmlProvider
 from phalanx.agent.health import EventQueue, HealthMonitor, check_problem, run_check
@@ -27,13 +22,12 @@ from phalanx.api.models import (
     DesiredState,
     FaultInjection,
     Heartbeat,
-    RegisterRequest,
-    RegisterResponse,
 )
 from phalanx.api.xid import classify
 
 from .harness import AGENT_SECRET, start_agent
 from .helpers import wait_for
+from .stubhead import JOIN, StubHead, serve
 
 # The real binding, for its NVMLError and its constants only (nvidia-ml-py has no type hints).
 pynvml: Any = importlib.import_module("pynvml")
@@ -335,60 +329,11 @@ def test_monitor_reports_a_failure_and_the_recovery(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- whole agent
-JOIN = "join-token-abcdefghijklmnop"
-NODE = "node-token-qrstuvwxyz012345"
-
-
-@dataclass
-class AckingHead:
-    """A stand-in head: records registrations and heartbeats, answers `ack` as health_ack."""
-
-    ack: int = 0
-    registered: list[RegisterRequest] = field(default_factory=list)
-    beats: list[Heartbeat] = field(default_factory=list)
-    url: str = ""
-
-    def app(self) -> FastAPI:
-        app = FastAPI()
-
-        @app.post("/v1/agent/register")
-        def register(req: RegisterRequest, authorization: str = Header("")) -> RegisterResponse:
-            if authorization != f"Bearer {JOIN}":
-                raise HTTPException(401, "invalid join token")
-            self.registered.append(req)
-            return RegisterResponse(node_token=NODE, heartbeat_s=0.3, lease_s=5.0)
-
-        @app.post("/v1/agent/heartbeat")
-        async def heartbeat(beat: Heartbeat, authorization: str = Header("")) -> DesiredState:
-            if authorization != f"Bearer {NODE}":
-                raise HTTPException(401, "invalid node token")
-            self.beats.append(beat)
-            await asyncio.sleep(beat.wait_s if beat.version == 1 else 0)  # the long poll
-            return DesiredState(
-                version=1,
-                jobs=[],
-                heartbeat_s=0.3,
-                lease_s=5.0,
-                kill_grace_s=1.0,
-                health_ack=self.ack,
-            )
-
-        return app
-
-
 @pytest.fixture
-def head() -> Iterator[AckingHead]:
-    stub = AckingHead()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(stub.app(), log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    wait_for("the stand-in head", lambda: server.started)
-    stub.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    yield stub
-    server.should_exit = True
-    thread.join(timeout=10)
+def head() -> Iterator[StubHead]:
+    desired = DesiredState(version=1, jobs=[], heartbeat_s=0.3, lease_s=5.0, kill_grace_s=1.0)
+    with serve(StubHead(desired)) as stub:
+        yield stub
 
 
 def agent_config(
@@ -408,7 +353,7 @@ def agent_config(
 
 
 def test_injected_fault_and_check_failure_reach_the_heartbeat_until_acked(
-    head: AckingHead, tmp_path: Path
+    head: StubHead, tmp_path: Path
 ) -> None:
     check = script(tmp_path, "nhc.sh", "echo 'NHC: /scratch is read-only'; exit 1")
     stop = threading.Event()
@@ -449,7 +394,7 @@ def test_injected_fault_and_check_failure_reach_the_heartbeat_until_acked(
         [event] = wait_for("the event in a heartbeat", sent).health.events
         assert (event.gpu, event.kind, event.code) == (1, "xid", 79)
         assert event.message == "XID 79 (GPU has fallen off the bus): drill"
-        head.ack = event.seq
+        head.desired = head.desired.model_copy(update={"health_ack": event.seq})
         seen = len(head.beats)
         wait_for(
             "a heartbeat after the ack without the event",
