@@ -16,7 +16,7 @@ from typing import Any
 DEADLINE_EXIT = 124
 
 
-def command(steps: int, delay_s: float) -> list[str]:
+def command(steps: int, delay_s: float, *flags: str) -> list[str]:
     """argv running the ledger job: `steps` steps of `delay_s` seconds each.
 
     It is this file run as a script with only the standard library (it starts in tens of
@@ -27,9 +27,15 @@ def command(steps: int, delay_s: float) -> list[str]:
     (CUDA_VISIBLE_DEVICES), restart, step, t (unix time). Optional environment:
     LEDGER_REPORT_S (post a progress report to the head at most this often) and
     LEDGER_DEADLINE (unix time after which the job exits 124 by itself: a safety net
-    against processes that outlive a broken test).
+    against processes that outlive a broken test). The `begin` line also carries
+    `deadline` (PHALANX_PREEMPT_DEADLINE); SIGUSR1/SIGUSR2 are logged as `signal` lines at
+    the next step boundary.
+
+    `flags`: `--exit-on-notice` (exit 75, "requeue me", after logging a signal),
+    `--fail-rank R` (rank R exits 3 after its first step), `--report-steps N` (report
+    progress for the first N steps of each run, then go silent: a hang).
     """
-    return [sys.executable, str(Path(__file__).resolve()), str(steps), str(delay_s)]
+    return [sys.executable, str(Path(__file__).resolve()), str(steps), str(delay_s), *flags]
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,12 @@ def kill_job_processes(head_url: str) -> int:
 
 # ----------------------------------------------------------------------------- the job
 def _main(argv: list[str]) -> int:
-    steps, delay = int(argv[0]), float(argv[1])
+    steps, delay, flags = int(argv[0]), float(argv[1]), argv[2:]
+    fail_rank = int(flags[flags.index("--fail-rank") + 1]) if "--fail-rank" in flags else None
+    report_steps = int(flags[flags.index("--report-steps") + 1]) if "--report-steps" in flags else 0
+    notices: list[int] = []
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda signum, _frame: notices.append(signum))
     env = os.environ
     rank = int(env.get("RANK", env.get("SLURM_PROCID", "0")))
     ledger = Path(env.get("LEDGER", "ledger.jsonl"))
@@ -162,7 +173,8 @@ def _main(argv: list[str]) -> int:
             os.close(fd)
 
     step = int(ckpt.read_text()) if ckpt.exists() else 0
-    log("begin", step)
+    log("begin", step, deadline=env.get("PHALANX_PREEMPT_DEADLINE"))
+    begun = step
     last_report = 0.0
     while step < steps:
         if time.time() > deadline:
@@ -174,9 +186,19 @@ def _main(argv: list[str]) -> int:
         tmp.write_text(str(step))
         tmp.replace(ckpt)  # atomic: a kill never leaves a half-written checkpoint
         log("step", step)
-        if report_s is not None and time.monotonic() - last_report >= report_s:
+        if step - begun <= report_steps or (
+            report_s is not None and time.monotonic() - last_report >= report_s
+        ):
             last_report = time.monotonic()
             _report(rank, step)
+        while notices:
+            log("signal", step, signal=signal.Signals(notices.pop(0)).name)
+            if "--exit-on-notice" in flags:
+                log("end", step, code=75)
+                return 75
+        if rank == fail_rank:
+            log("end", step, code=3)
+            return 3
     log("end", step, code=0)
     return 0
 

@@ -1,12 +1,10 @@
 """Fault tolerance on a real cluster with a short lease: node crashes, failing and hung ranks,
-cooperative preemption, signals, GPU faults. Jobs keep a ledger of their lives (ft_job.py)."""
+cooperative preemption, signals, GPU faults. Jobs keep a ledger of their lives
+(phalanx.testing.workload)."""
 
 from __future__ import annotations
 
-import itertools
-import json
 import signal
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +14,10 @@ import pytest
 from phalanx.api.models import FaultInjection, JobSpec, SignalSpec
 from phalanx.client.api import PhalanxClient
 from phalanx.local import LocalCluster
+from phalanx.testing import workload
+from phalanx.testing.invariants import check_never_twice
 from tests.e2e.helpers import cancel_all, describe, submit, wait_for, wait_state
 
-FT_JOB = str(Path(__file__).with_name("ft_job.py"))
 HEAD_ARGS = ["--heartbeat", "0.5", "--lease", "2", "--requeue-margin", "1"]
 HEAD_ARGS += ["--kill-grace", "2", "--preempt-grace", "5", "--hang-timeout", "0"]
 NODES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
@@ -55,35 +54,20 @@ def _state(client: PhalanxClient, name: str) -> str:
     return next(n.state for n in client.nodes().nodes if n.name == name)
 
 
-def ft_spec(workdir: Path, steps: int, delay: float, *args: str, **fields: Any) -> JobSpec:
+def ft_spec(workdir: Path, steps: int, delay: float, *flags: str, **fields: Any) -> JobSpec:
     env = {"LEDGER": str(workdir / "ledger.jsonl"), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, FT_JOB, str(steps), str(delay), *args]
+    command = workload.command(steps, delay, *flags)
     return JobSpec(command=command, workdir=str(workdir), env=env, **fields)
 
 
 def ledger(workdir: Path) -> list[dict[str, Any]]:
-    path = workdir / "ledger.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def lives(workdir: Path) -> dict[tuple[int, int], tuple[float, float]]:
-    """(epoch, rank) → (first, last) time its process wrote to the ledger."""
-    spans: dict[tuple[int, int], tuple[float, float]] = {}
-    for e in ledger(workdir):
-        key = (e["epoch"], e["rank"])
-        first, last = spans.get(key, (e["t"], e["t"]))
-        spans[key] = (min(first, e["t"]), max(last, e["t"]))
-    return spans
+    return workload.read_ledger(workdir / "ledger.jsonl")
 
 
 def assert_never_twice(workdir: Path) -> None:
-    """No two epochs of a rank were ever alive at the same time."""
-    spans = sorted(lives(workdir).items(), key=lambda kv: (kv[0][1], kv[1][0]))
-    for (a_key, (_, a_end)), (b_key, (b_start, _)) in itertools.pairwise(spans):
-        if a_key[1] == b_key[1]:
-            assert a_end < b_start, f"rank {a_key[1]}: epoch {a_key[0]} overlaps {b_key[0]}"
+    """No two epochs of the job were ever alive at the same time (from the ranks' ledger)."""
+    verdict = check_never_twice(workload.lives(ledger(workdir)))
+    assert verdict.ok, verdict.violations
 
 
 def steps_seen(workdir: Path, epoch: int) -> list[int]:
@@ -140,7 +124,7 @@ def test_a_failing_rank_restarts_the_gang_until_its_restarts_run_out(
 def test_a_job_that_stops_reporting_progress_is_restarted_naming_the_silent_rank(
     api: PhalanxClient, workdir: Path
 ) -> None:
-    spec = ft_spec(workdir, 400, 0.1, "--report", hang_timeout_s=2, max_restarts=1)
+    spec = ft_spec(workdir, 400, 0.1, "--report-steps", "2", hang_timeout_s=2, max_restarts=1)
     job_id = submit(api, spec)
 
     info = wait_state(api, job_id, ["F"], timeout=60)
