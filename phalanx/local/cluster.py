@@ -224,13 +224,15 @@ class LocalCluster:
         return _Proc(f"agent {address}", argv, log, join_env)
 
     # ------------------------------------------------------------------ chaos
-    def kill_head(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the head (SIGKILL: a crash) and wait for it to exit."""
+    def kill_head(self, sig: int = signal.SIGKILL) -> int:
+        """Signal the head (SIGKILL: a crash; SIGTERM: a clean stop), wait for it to exit
+        and return its exit status."""
         if self._head is None:
             raise ClusterError("the cluster is not started")
         self._head.signal_group(sig)
-        self._head.popen.wait(timeout=30)
+        status = self._head.popen.wait(timeout=30)
         self._head.close_log()
+        return status
 
     def restart_head(self) -> None:
         """Start the head again on its state dir, database and port (after kill_head)."""

@@ -118,21 +118,20 @@ class PostgresServer:
 
     def reset(self) -> None:
         """Drop every table, so the next user starts from an empty database."""
+        self._psql("phalanx", "DROP SCHEMA public CASCADE; CREATE SCHEMA public;")
+
+    def new_database(self, name: str) -> str:
+        """The URL of a new, empty database `name` (dropped first if it exists, with its
+        sessions): a head of its own there holds no other head's leader lock."""
+        # Two commands: DROP/CREATE DATABASE cannot run inside one transaction.
+        self._psql("postgres", f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        self._psql("postgres", f'CREATE DATABASE "{name}"')
+        return self.url.rsplit("/", 1)[0] + "/" + name
+
+    def _psql(self, database: str, command: str) -> None:
+        psql = [str(self.bindir / "psql"), "-h", "127.0.0.1", "-p", str(self.port)]
         subprocess.run(
-            [
-                str(self.bindir / "psql"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                "postgres",
-                "-d",
-                "phalanx",
-                "-q",
-                "-c",
-                "DROP SCHEMA public CASCADE; CREATE SCHEMA public;",
-            ],
+            [*psql, "-U", "postgres", "-d", database, "-q", "-c", command],
             check=True,
             capture_output=True,
         )

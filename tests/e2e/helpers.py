@@ -9,11 +9,8 @@ from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import create_engine, text
-
 from phalanx.api.models import JobInfo, JobSpec
 from phalanx.client.api import ApiError, PhalanxClient
-from phalanx.testing.postgres import PostgresServer
 from phalanx.testing.processes import pid_alive
 
 T = TypeVar("T")
@@ -177,16 +174,3 @@ def cancel_all(client: PhalanxClient, timeout: float = 30.0) -> None:
         return True if not client.jobs(active=True).jobs else None
 
     wait_for("every job to end", idle, timeout)
-
-
-def database(pg: PostgresServer, name: str) -> str:
-    """The URL of a new, empty database `name` on the test PostgreSQL server (another
-    cluster than the shared one needs its own)."""
-    admin = create_engine(pg.url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        admin.dispose()
-    return pg.url.rsplit("/", 1)[0] + "/" + name

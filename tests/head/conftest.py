@@ -16,7 +16,6 @@ import pytest
 
 from phalanx.local.cluster import free_port
 from phalanx.testing.postgres import PostgresServer
-from tests.head.heads import new_database
 
 
 @dataclass
@@ -84,7 +83,7 @@ def head(
         pg: PostgresServer = request.getfixturevalue("postgres")
         # Its own database: the session's e2e cluster holds the leader lock of the shared
         # one, and a second head there would only be its standby.
-        db_url = new_database(pg, f"head_{request.module.__name__.rsplit('.', 1)[-1]}")
+        db_url = pg.new_database(f"head_{request.module.__name__.rsplit('.', 1)[-1]}")
     h = start_head(tmp_path / "head", db_url)
     try:
         yield h

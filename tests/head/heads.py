@@ -14,11 +14,9 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
-from sqlalchemy import create_engine, text
 
 from phalanx.client.api import PhalanxClient
 from phalanx.local.cluster import free_port
-from phalanx.testing.postgres import PostgresServer
 
 T = TypeVar("T")
 PHALANX = [sys.executable, "-m", "phalanx.cli.main"]
@@ -39,19 +37,6 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def new_database(pg: PostgresServer, name: str) -> str:
-    """The URL of a new, empty database `name` (each test's cluster has its own, so no
-    other head of the test session holds its leader lock)."""
-    admin = create_engine(pg.url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    finally:
-        admin.dispose()
-    return pg.url.rsplit("/", 1)[0] + "/" + name
 
 
 class Proc:

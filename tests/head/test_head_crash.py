@@ -12,7 +12,7 @@ import pytest
 from phalanx.api.models import JobSpec
 from phalanx.client.api import PhalanxClient
 from phalanx.testing.postgres import PostgresServer
-from tests.head.heads import HeadServer, new_database, wait_for
+from tests.head.heads import HeadServer, wait_for
 
 SUBMITS = 60
 CRASH_AFTER = (15, 40)  # kill -9 the head once this many submits have been answered
@@ -23,7 +23,7 @@ def head(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[HeadServer]
     db_url = None
     if request.param == "postgresql":
         pg: PostgresServer = request.getfixturevalue("postgres")
-        db_url = new_database(pg, "head_crash")
+        db_url = pg.new_database("head_crash")
     server = HeadServer(tmp_path / "head", db_url).start()
     try:
         server.wait_role("leader")

@@ -13,7 +13,7 @@ from phalanx.api.models import ArraySpec, JobSpec, UserCreate
 from phalanx.client.api import PhalanxClient
 from phalanx.head import db
 from phalanx.testing.postgres import PostgresServer
-from tests.head.heads import HeadServer, new_database, wait_for
+from tests.head.heads import HeadServer, wait_for
 
 JOB = {"command": ["true"], "workdir": "/tmp"}
 
@@ -25,7 +25,7 @@ def head(
     db_url = None
     if request.param == "postgresql":
         pg: PostgresServer = request.getfixturevalue("postgres")
-        db_url = new_database(pg, "idempotent")
+        db_url = pg.new_database("idempotent")
     server = HeadServer(tmp_path_factory.mktemp("idem") / "head", db_url).start()
     try:
         server.wait_role("leader")

@@ -18,7 +18,7 @@ from phalanx.api.models import JobSpec
 from phalanx.client.api import ApiError, PhalanxClient
 from phalanx.head.leader import LOST_LEADERSHIP_EXIT
 from phalanx.testing.postgres import PostgresServer
-from tests.head.heads import PHALANX, HeadServer, Proc, new_database, start_agent, wait_for
+from tests.head.heads import PHALANX, HeadServer, Proc, start_agent, wait_for
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ def _state(api: PhalanxClient, job_id: int) -> str | None:
 def test_a_standby_takes_over_when_the_leader_dies(
     postgres: PostgresServer, tmp_path: Path, stop_later: list[HeadServer | Proc]
 ) -> None:
-    leader, standby = _pair(new_database(postgres, "standby_takeover"), tmp_path, stop_later)
+    leader, standby = _pair(postgres.new_database("standby_takeover"), tmp_path, stop_later)
 
     # The agent lists the standby first: it is refused (503) and moves on to the leader.
     agent = start_agent(f"{standby.url},{leader.url}", leader.join_token, "127.0.0.41", tmp_path)
@@ -141,7 +141,7 @@ def test_a_standby_takes_over_when_the_leader_dies(
 def test_a_leader_that_loses_its_lock_connection_stops(
     postgres: PostgresServer, tmp_path: Path, stop_later: list[HeadServer | Proc]
 ) -> None:
-    db_url = new_database(postgres, "standby_failstop")
+    db_url = postgres.new_database("standby_failstop")
     leader, standby = _pair(db_url, tmp_path, stop_later)
 
     # The database ends the leader's lock session (as a failover of PostgreSQL, or an
