@@ -146,7 +146,8 @@ def printed_pids(client: PhalanxClient, job_id: int, rank: int) -> list[int]:
         try:
             text = read_log(client, job_id, rank)[0]
         except ApiError as exc:
-            if exc.status == 404:  # the rank's agent has not received the job yet
+            # 409: not placed yet; 404: the rank's agent has not received the job yet
+            if exc.status in (404, 409):
                 return None
             raise
         match = re.search(r"^pids ([\d ]+)$", text, re.MULTILINE)
