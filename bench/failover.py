@@ -30,8 +30,11 @@ Real processes (head, agents, jobs) on 127.0.0.N with fake GPUs; training runs o
                     or checkpoint save in it), so that a busy shared machine slowing every
                     step does not read as lost work. Also with the step time of an
                     undisturbed 400-step run of the same job first, on the same cluster
-                    (ettr_with_calibration_step_time). Baseline: the ETTR the same run
-                    would have had without checkpoints (only the last run's steps kept).
+                    (ettr_with_calibration_step_time). The job's survivors write a rescue
+                    checkpoint of the last finished step when a peer dies (docs/train.md;
+                    --no-rescue: periodic checkpoints only). Baseline: the ETTR the same
+                    run would have had without checkpoints (only the last run's steps
+                    kept).
   head_reconcile_s  3 running ledger jobs (phalanx.testing.workload, progress reported every
                     0.2 s) and 997 pending ones: SIGKILL the head and start it again at
                     once; from the new process's start until it answers, every node has
@@ -257,7 +260,10 @@ def ettr(
     say(f"ettr: calibration step {cal_ms:.1f} ms, a checkpoint every {ckpt_steps} steps")
 
     workdir = root / "ettr"
-    spec = train_spec(workdir, "--log-every", str(LOG_EVERY), "--checkpoint-every", str(ckpt_steps))
+    rescue = [] if args.rescue else ["--no-rescue"]
+    spec = train_spec(
+        workdir, "--log-every", str(LOG_EVERY), "--checkpoint-every", str(ckpt_steps), *rescue
+    )
     t_submit = time.monotonic()
     job_id = client.submit(spec).job_ids[0]
     runs: dict[int, str] = {}  # epoch → rank 0's output, read just before the crash
@@ -296,6 +302,8 @@ def ettr(
         "ettr_useful_s": round(kept.useful_s, 1),
         "ettr_steps_kept": kept.steps,
         "ettr_steps_lost_per_crash": kept.lost,
+        "ettr_rescue": args.rescue,
+        "ettr_resumed_from_rescue": sum(1 for s in kept.starts if s % ckpt_steps),
         "ettr_step_ms_in_run": round(1000 * kept.useful_s / max(kept.steps, 1), 2),
         "ettr_step_ms_calibration": round(cal_ms, 2),
         "ettr_checkpoint_every_steps": ckpt_steps,
@@ -309,7 +317,8 @@ class Lineage(NamedTuple):
     steps: int  # the steps the job holds at the end
     useful_s: float  # the time its runs spent computing those steps (their own step times)
     last_run_s: float  # of which the last run's (all a job without checkpoints would keep)
-    lost: list[int]  # per crash: the steps computed after the checkpoint it resumed from
+    lost: list[int]  # per crash: the logged steps after the checkpoint it resumed from
+    starts: list[int]  # the step each run resumed from
 
 
 def _lineage(runs: dict[int, str], running: bool, checkpoint: int) -> Lineage:
@@ -326,8 +335,11 @@ def _lineage(runs: dict[int, str], running: bool, checkpoint: int) -> Lineage:
         sum(LOG_EVERY * ms for step, ms in lines if start < step <= stop) / 1000
         for lines, start, stop in zip(logged, starts, ends, strict=True)
     ]
-    lost = [lines[-1][0] - nxt for lines, nxt in zip(logged, starts[1:], strict=False) if lines]
-    return Lineage(ends[-1], sum(times), times[-1], lost)
+    # A rescue resumes past the last logged step (logs come every LOG_EVERY steps): 0 lost.
+    lost = [
+        max(0, lines[-1][0] - nxt) for lines, nxt in zip(logged, starts[1:], strict=False) if lines
+    ]
+    return Lineage(ends[-1], sum(times), times[-1], lost, starts)
 
 
 def _newest_checkpoint(ckpt_dir: Path) -> int:
@@ -465,6 +477,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ettr-minutes", type=float, default=20.0)
     p.add_argument("--fail-every", type=float, default=240.0, help="s between node crashes")
     p.add_argument("--ckpt-every-s", type=float, default=30.0, help="checkpoint interval, s")
+    p.add_argument(
+        "--no-rescue",
+        dest="rescue",
+        action="store_false",
+        help="ETTR with periodic checkpoints only (no rescue checkpoint by the survivors)",
+    )
     p.add_argument("--jobs", type=int, default=1000, help="jobs in the system for reconcile")
     p.add_argument("--seed", type=int, default=0, help="which node of the job ETTR crashes")
     p.add_argument("--dir", default=None, help="state dir (default: temporary, removed)")

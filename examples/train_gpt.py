@@ -62,6 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--checkpoint-every", type=int, default=50)
     c.add_argument("--keep", type=int, default=3, help="complete checkpoints kept")
     c.add_argument("--sync-checkpoint", action="store_true", help="block for the whole save")
+    c.add_argument(
+        "--no-rescue",
+        action="store_true",
+        help="no rescue checkpoint by the survivors when a peer dies (docs/train.md)",
+    )
     c.add_argument("--log-every", type=int, default=10)
     return p.parse_args(argv)
 
@@ -124,6 +129,7 @@ def main(argv: list[str] | None = None) -> None:
                 checkpoint_every=args.checkpoint_every,
                 keep_checkpoints=args.keep,
                 async_checkpoint=not args.sync_checkpoint,
+                rescue=not args.no_rescue,
             ),
         )
         result = trainer.fit()

@@ -12,6 +12,16 @@ Layout (a directory every rank can reach: shared storage on multi-node jobs):
 A directory without COMPLETE is a save that never finished; it is never loaded and is
 deleted at the next start. After each completed save the oldest complete checkpoints
 beyond `keep` are deleted, their marker first (so a half-deleted one is never loaded).
+
+Rescue checkpoints: when a peer dies mid-step (its node crashed), the collective fails on
+the survivors at once. Where every rank holds the whole model and optimizer (pure data
+parallel), a survivor writes the state as of its last finished step on its own, with no
+collective (DCP `no_dist`), into DIR/.rescue-STEP-rankR-PID with its COMPLETE marker
+(`"rescue": true`, `"rng_ranks": [R]`), then renames it to DIR/step_STEP: the rename is
+atomic and fails if that step exists, so the first survivor wins and a half-written rescue
+is never seen. The restarted job resumes from it like from any checkpoint, so a node crash
+loses the step in flight instead of everything since the last periodic save. Only the
+rescuing rank's RNG streams are in it; the other ranks keep freshly seeded ones (logged).
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ log = logging.getLogger(__name__)
 
 COMPLETE = "COMPLETE"
 _PREFIX = "step_"
+_RESCUE_PREFIX = ".rescue-"
 
 
 class CheckpointError(RuntimeError):
@@ -109,19 +120,20 @@ class ModelOptimizerState:
 class RNGState:
     """Every rank's random generators (torch CPU, CUDA of this device, Python's), stored
     under the rank's own key. After a resume on fewer ranks each rank takes its own
-    rank's state; a rank new to the job keeps its freshly seeded one (logged)."""
+    rank's state; a rank new to the job, or one whose state a rescue checkpoint lacks,
+    keeps its freshly seeded one (logged)."""
 
     def __init__(self, rank: int, cuda: bool = False) -> None:
         self.rank = rank
         self.cuda = cuda  # this rank trains on a CUDA device: save its generator too
-        self.saved_world_size: int | None = None  # set before a load: which keys exist
+        self.saved_ranks: frozenset[int] | None = None  # set before a load: which keys exist
 
     def _key(self) -> str:
         return f"rank{self.rank}"
 
     def state_dict(self) -> dict[str, Any]:
         """{"rank<r>": {...}} for this rank, or {} if the checkpoint has no such rank."""
-        if self.saved_world_size is not None and self.rank >= self.saved_world_size:
+        if self.saved_ranks is not None and self.rank not in self.saved_ranks:
             return {}
         state: dict[str, Any] = {"cpu": torch.get_rng_state(), "python": random.getstate()}
         if self.cuda:
@@ -237,21 +249,46 @@ class Checkpointer:
         if not self.rt.is_main:
             return
         try:
-            marker = {
-                "step": step,
-                "world_size": self.rt.world_size,
-                "parallel": self.rt.config.degrees(),
-                "saved_at": time.time(),
-            }
-            final = step_dir(self.directory, step) / COMPLETE
-            tmp = final.with_name(COMPLETE + ".tmp")
-            tmp.write_text(json.dumps(marker))
-            with tmp.open("rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
+            self._write_marker(step_dir(self.directory, step), step)
             self._prune()
         except OSError as exc:
             self._failed(step, exc)
+
+    def _write_marker(self, path: Path, step: int, **extra: Any) -> None:
+        marker = {
+            "step": step,
+            "world_size": self.rt.world_size,
+            "parallel": self.rt.config.degrees(),
+            "saved_at": time.time(),
+            **extra,
+        }
+        final = path / COMPLETE
+        tmp = final.with_name(COMPLETE + ".tmp")
+        tmp.write_text(json.dumps(marker))
+        with tmp.open("rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+
+    def rescue(self, step: int, state: Mapping[str, Any]) -> Path | None:
+        """Save `state` as `step`'s checkpoint from this rank alone, with no collective
+        (see the module docstring): for a survivor whose peers died. Only sound where
+        this rank's state is the whole job's (pure data parallel). The checkpoint's path,
+        or None if `step` already has one or the save failed (logged)."""
+        final = step_dir(self.directory, step)
+        if final.exists():  # saved, or a periodic save of it in flight: leave it be
+            return None
+        tmp = self.directory / f"{_RESCUE_PREFIX}{step:08d}-rank{self.rt.rank}-{os.getpid()}"
+        try:
+            dcp_save(dict(state), checkpoint_id=tmp, no_dist=True)
+            self._write_marker(tmp, step, rescue=True, rng_ranks=[self.rt.rank])
+            os.rename(tmp, final)  # atomic; refused if another survivor was first
+        except _SAVE_ERRORS as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if final.is_dir() and (final / COMPLETE).is_file():
+                return None  # another rank rescued the same step first
+            log.error("rescue checkpoint of step %d failed: %s: %s", step, type(exc).__name__, exc)
+            return None
+        return final
 
     def _prune(self) -> None:
         steps = complete_steps(self.directory)
@@ -287,17 +324,19 @@ class Checkpointer:
         if not self.directory.is_dir():
             return
         for path in self.directory.iterdir():
-            if _step_of(path) is not None and not (path / COMPLETE).is_file():
+            unfinished = _step_of(path) is not None and not (path / COMPLETE).is_file()
+            if unfinished or path.name.startswith(_RESCUE_PREFIX):
                 log.warning("removing unfinished checkpoint %s", path)
                 shutil.rmtree(path, ignore_errors=True)
 
     def load(self, step: int, state: Mapping[str, Any]) -> None:
         """Load `step`'s checkpoint into `state` in place (resharding as needed)."""
         path = step_dir(self.directory, step)
-        saved_world = int(read_marker(self.directory, step)["world_size"])
+        marker = read_marker(self.directory, step)
+        saved = frozenset(marker.get("rng_ranks", range(int(marker["world_size"]))))
         for value in state.values():
             if isinstance(value, RNGState):
-                value.saved_world_size = saved_world
+                value.saved_ranks = saved
         try:
             dcp_load(dict(state), checkpoint_id=path, process_group=self.rt.checkpoint_group)
         except Exception as exc:
@@ -305,7 +344,7 @@ class Checkpointer:
         finally:
             for value in state.values():
                 if isinstance(value, RNGState):
-                    value.saved_world_size = None
+                    value.saved_ranks = None
         self.saved_steps.add(step)
 
     def resume(self, state: Mapping[str, Any]) -> int | None:

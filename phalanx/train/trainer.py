@@ -52,6 +52,7 @@ class TrainConfig:
     checkpoint_every: int = 100
     keep_checkpoints: int = 3
     async_checkpoint: bool = True
+    rescue: bool = True  # a survivor of a peer's death saves the last finished step
     resume: bool = True
 
 
@@ -65,6 +66,19 @@ class TrainResult:
     losses: dict[int, float] = field(default_factory=dict)
     last_stats: StepStats | None = None
     checkpoint_failures: int = 0
+
+
+class _Fixed:
+    """A DCP Stateful that saves a state taken earlier (a rescue's step-start values)."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # never loaded into
+        raise NotImplementedError
 
 
 class _StepCounter:
@@ -118,7 +132,9 @@ class Trainer:
     forward + backward, clip, optimizer and LR step; it logs every log_every steps (the
     global mean loss, tokens/s, TFLOP/s per device, MFU), checkpoints every
     checkpoint_every steps and at the end, and on a preemption notice checkpoints and
-    raises Preempted (exit code 75).
+    raises Preempted (exit code 75). Under pure data parallelism a rank whose step fails
+    (a peer died: its collective errors at once) writes a rescue checkpoint of the last
+    finished step on its own before the error propagates (see phalanx.train.checkpoint).
     """
 
     def __init__(
@@ -180,6 +196,14 @@ class Trainer:
             "rng": RNGState(rt.rank, cuda=rt.device.type == "cuda"),
             "trainer": _StepCounter(self),
         }
+        # Every rank holds the whole model and optimizer: a survivor alone can save them.
+        degrees = rt.config.degrees()
+        self.rescuable = (
+            config.rescue
+            and self.checkpointer is not None
+            and rt.world_size > 1
+            and degrees["fsdp"] == degrees["tp"] == degrees["pp"] == 1
+        )
         self.watcher = PreemptionWatcher(rt.control_group if rt.world_size > 1 else None)
         self.reporter = Reporter(rt.rank, rt.env.local_rank)
         self.meter = ThroughputMeter(
@@ -214,16 +238,51 @@ class Trainer:
 
     def train_step(self) -> None:
         """One optimizer step with its bookkeeping (log, checkpoint, preemption check)."""
+        start = self._step_start() if self.rescuable else None
+        try:
+            self._compute()
+        except RuntimeError as exc:  # torch.distributed's errors are RuntimeErrors
+            if start is not None:  # the model and optimizer are still at the step's start
+                self._rescue(start, exc)
+            raise
+        try:
+            self._bookkeeping()
+        except RuntimeError as exc:
+            if self.rescuable:  # the step finished: rescue the state as it is now
+                self._rescue(self._step_start(), exc)
+            raise
+
+    def _compute(self) -> None:
         cfg = self.config
         inputs, targets = self.loader.next_batch()
         self.optimizer.zero_grad(set_to_none=True)
         self._last_loss = self.model.forward_backward(inputs, targets)
         if cfg.max_grad_norm is not None:
             self.model.clip_grad_norm_(cfg.max_grad_norm)
-        self.optimizer.step()
+        self.optimizer.step()  # no collective under data parallelism: it cannot fail halfway
         self.scheduler.step()
         self.current_step += 1
         self.result.final_step = self.current_step
+
+    def _step_start(self) -> dict[str, Any]:
+        """What the model and optimizer do not hold of the state at a step boundary."""
+        return {
+            "data": _Fixed(dict(self.loader.state_dict())),
+            "rng": _Fixed(self.state["rng"].state_dict()),
+            "trainer": _Fixed({"step": self.current_step}),
+        }
+
+    def _rescue(self, start: dict[str, Any], exc: BaseException) -> None:
+        assert self.checkpointer is not None
+        step = start["trainer"].state["step"]
+        state = {**self.state, **start}
+        path = self.checkpointer.rescue(step, state)
+        what = f"rank {self.rt.rank}: step {step + 1} failed ({type(exc).__name__})"
+        if path is not None:
+            print(f"{what}; rescued step {step} to {path}", flush=True)
+
+    def _bookkeeping(self) -> None:
+        cfg = self.config
         self.meter.step()
         if self.checkpointer is not None:
             self.checkpointer.poll()

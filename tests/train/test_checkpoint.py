@@ -80,6 +80,73 @@ def test_kill_9_mid_run_resumes_from_the_last_complete_checkpoint_on_the_same_cu
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000006", "step_00000008"]
 
 
+def test_a_survivor_rescues_the_last_finished_step_when_its_peer_dies(tmp_path: Path) -> None:
+    # No periodic checkpoint before the end: only the rescue can save the finished steps.
+    train = {"steps": 8}
+    ckpt = tmp_path / "ckpt"
+    full_spec = _write_spec(
+        tmp_path / "full.json", tmp_path / "full-out.json", {"name": "r", "train": train}
+    )
+    spec = _write_spec(
+        tmp_path / "ck.json",
+        tmp_path / "ck-out.json",
+        {"name": "r", "train": {**train, "checkpoint_dir": str(ckpt), "checkpoint_every": 100}},
+        step_sleep=0.15,
+    )
+    full = launch.start(2, [WORKER, str(full_spec)], tmp_path / "logs")
+    job = launch.start(2, [WORKER, str(spec)], tmp_path / "logs")
+    deadline = time.monotonic() + 120
+    while "step 3 " not in job.logs[0].read_text():
+        assert job.running(), job.output()
+        assert time.monotonic() < deadline, job.output()
+        time.sleep(0.02)
+    job.signal(1, 9)  # rank 1's node "crashes": rank 0's next collective fails at once
+    codes = job.wait(60)
+    assert codes[1] == -9 and codes[0] not in (0, -9), (codes, job.output())
+    rescued = complete_steps(ckpt)
+    assert len(rescued) == 1 and 3 <= rescued[0] < 8, (rescued, job.output())
+    step = rescued[0]
+    marker = read_marker(ckpt, step)
+    assert marker["rescue"] is True and marker["rng_ranks"] == [0]
+    assert f"rescued step {step} to {step_dir(ckpt, step)}" in job.logs[0].read_text()
+    assert [p.name for p in ckpt.iterdir()] == [step_dir(ckpt, step).name]  # no temp left
+
+    codes, output = launch.run(2, [WORKER, str(spec)], tmp_path / "logs")
+    assert codes == [0, 0], output
+    assert f"resumed from step {step}" in output
+    assert full.wait(120) == [0, 0], full.output()
+    start, resumed = _losses(tmp_path / "ck-out.json")
+    _, uninterrupted = _losses(tmp_path / "full-out.json")
+    assert start == step and sorted(resumed) == list(range(step + 1, 9))
+    for n, loss in resumed.items():  # model, optimizer, LR and data position all restored
+        assert loss == pytest.approx(uninterrupted[n], rel=1e-6, abs=0), n
+
+
+def test_no_rescue_where_a_rank_holds_only_a_shard(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    spec = _write_spec(
+        tmp_path / "ck.json",
+        tmp_path / "ck-out.json",
+        {
+            "name": "r",
+            "parallel": {"dp": 1, "fsdp": 2},
+            "train": {"steps": 8, "checkpoint_dir": str(ckpt), "checkpoint_every": 100},
+        },
+        step_sleep=0.15,
+    )
+    job = launch.start(2, [WORKER, str(spec)], tmp_path / "logs")
+    deadline = time.monotonic() + 120
+    while "step 3 " not in job.logs[0].read_text():
+        assert job.running(), job.output()
+        assert time.monotonic() < deadline, job.output()
+        time.sleep(0.02)
+    job.signal(1, 9)
+    codes = job.wait(60)
+    assert codes[0] not in (0, -9), (codes, job.output())
+    assert complete_steps(ckpt) == [], job.output()  # half a model is no checkpoint
+    assert "rescued" not in job.output()
+
+
 @pytest.fixture
 def one_process() -> Iterator[pt.Runtime]:
     """A world of one in this process (an in-memory store: no port, no launcher)."""
