@@ -9,6 +9,8 @@ second possible on SQLite's one fsync per commit.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import queue
@@ -45,7 +47,7 @@ class HeadError(Exception):
 @dataclass(slots=True)
 class _Op:
     fn: Callable[[Tx], Any]
-    future: Future[Any]
+    future: Future[Any] | asyncio.Future[Any]  # a thread's, or an event loop's
 
 
 class ControlThread:
@@ -101,6 +103,13 @@ class ControlThread:
         self._queue.put(_Op(fn, future))
         return future
 
+    def run_async(self, fn: Callable[[Tx], T]) -> asyncio.Future[T]:
+        """`submit_op` for the event loop: the loop's own future, resolved from the control
+        thread with one wake-up of the loop per batch rather than one per operation."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._queue.put(_Op(fn, future))
+        return future
+
     def call(self, fn: Callable[[Tx], T], timeout: float = 60.0) -> T:
         return self.submit_op(fn).result(timeout)
 
@@ -153,17 +162,41 @@ class ControlThread:
             # answers. The database holds every committed change; a restart rebuilds.
             log.exception("control loop failed; the head stops (state is safe in the database)")
             tx.rollback()
-            for op in ops:
-                if not op.future.done():
-                    op.future.set_exception(HeadError(503, "the head is restarting"))
+            _resolve([(op, None, HeadError(503, "the head is restarting")) for op in ops])
             os._exit(70)
-        for op, value, error in results:
-            if error is None:
-                op.future.set_result(value)
-            else:
-                op.future.set_exception(error)
+        _resolve(results)
         if tx.touched_nodes:
             self.on_commit(tx.touched_nodes)
+
+
+def _resolve(results: list[tuple[_Op, Any, BaseException | None]]) -> None:
+    """Answer each operation's caller: threads' futures here, each event loop's in one
+    callback on that loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Op, Any, BaseException | None]]] = {}
+    for item in results:
+        future = item[0].future
+        if isinstance(future, asyncio.Future):
+            by_loop.setdefault(future.get_loop(), []).append(item)
+        elif not future.done():
+            _settle(future, item[1], item[2])
+    for loop, items in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # that loop has closed: nobody waits
+            loop.call_soon_threadsafe(_settle_all, items)
+
+
+def _settle_all(items: list[tuple[_Op, Any, BaseException | None]]) -> None:
+    for op, value, error in items:
+        if not op.future.done():  # a caller that went away cancelled its future
+            _settle(op.future, value, error)
+
+
+def _settle(
+    future: Future[Any] | asyncio.Future[Any], value: Any, error: BaseException | None
+) -> None:
+    if error is None:
+        future.set_result(value)
+    else:
+        future.set_exception(error)
 
 
 def _core_team(team: Any) -> Team:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from phalanx.api import models as m
 from phalanx.head import auth, jobs, reports, store
@@ -96,14 +97,16 @@ class Head:
         states: set[str] | None,
         since: float | None,
         limit: int,
-    ) -> m.JobList:
-        out: list[m.JobInfo] = []
+    ) -> list[dict[str, Any]]:
+        """The jobs `who` may see that match, as JobInfo's JSON-ready dicts (see
+        JobRecord.wire): live ones from the mirror, ended ones from the database."""
+        out: list[dict[str, Any]] = []
         if active or not ended:
             with self.control.lock:
                 addresses = self.mirror.addresses()
                 for rec in self.mirror.jobs.values():
                     if _visible(who, rec) and _matches(rec, user, team, states):
-                        out.append(rec.info(addresses, pending_reason(self.mirror, rec)))
+                        out.append(rec.wire(addresses, pending_reason(self.mirror, rec)))
                         if len(out) >= limit:
                             break
         if ended:
@@ -114,8 +117,8 @@ class Head:
             with self.control.engine.connect() as conn:
                 for rec in store.ended_jobs(conn, since, scope, teams, limit):
                     if _visible(who, rec) and _matches(rec, user, team, states):
-                        out.append(rec.info(addresses))
-        return m.JobList(jobs=out[:limit])
+                        out.append(rec.wire(addresses))
+        return out[:limit]
 
     def job_record(self, who: Principal, job_id: int) -> JobRecord:
         with self.control.lock:
@@ -253,7 +256,7 @@ class Head:
                 raise HeadError(404, f"node {hb.name!r} is not registered")
             reports.heartbeat(self.mirror, tx, node, hb, time.time())
 
-        await asyncio.wrap_future(self.control.submit_op(op))
+        await self.control.run_async(op)
         node = self.mirror.nodes[hb.name]
         if hb.wait_s > 0 and node.version == hb.version:
             event = self._wakers.setdefault(hb.name, asyncio.Event())

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import random
+import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +68,21 @@ class TrainResult:
     losses: dict[int, float] = field(default_factory=dict)
     last_stats: StepStats | None = None
     checkpoint_failures: int = 0
+
+
+@contextlib.contextmanager
+def _sigterm_deferred() -> Iterator[None]:
+    """Ignore SIGTERM inside (main thread only; elsewhere nothing changes): the agent's
+    SIGTERM of a torn-down gang must not cut a rescue short, its SIGKILL still does."""
+    try:
+        previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _Fixed:
@@ -276,8 +293,10 @@ class Trainer:
         assert self.checkpointer is not None
         step = start["trainer"].state["step"]
         state = {**self.state, **start}
-        path = self.checkpointer.rescue(step, state)
-        what = f"rank {self.rt.rank}: step {step + 1} failed ({type(exc).__name__})"
+        with _sigterm_deferred():  # the gang's teardown waits the kill grace for it
+            path = self.checkpointer.rescue(step, state)
+        reason = (str(exc).strip().splitlines() or [""])[0][:160]
+        what = f"rank {self.rt.rank}: step {step + 1} failed ({type(exc).__name__}: {reason})"
         if path is not None:
             print(f"{what}; rescued step {step} to {path}", flush=True)
 
