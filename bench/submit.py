@@ -8,8 +8,9 @@ Starts a real local cluster (head + 2 agents × 4 fake GPUs, real processes), th
   "running" event, written when every rank has reported itself running);
 - submits/s: `--clients` concurrent HTTP clients submit `--jobs` jobs; each answer comes
   after the job is committed to the database (durable); then the count is checked;
-- `queue` with those jobs in the system: the API call + parse, and the whole `phalanx queue`
-  command as a process (Python start-up included);
+- `queue` with those jobs in the system: the API call `phalanx queue` makes + parse (rows
+  of values, `format=table`), the same jobs as JobInfo models (`client.jobs()`), and the
+  whole `phalanx queue` command as a process (Python start-up included);
 - baseline, side by side: the same submits against a head with group commit turned off
   (PHALANX_MAX_BATCH=1: one transaction, one fsync, per submit).
 Prints one JSON object.
@@ -105,14 +106,20 @@ def flood(url: str, token: str, jobs: int, clients: int) -> float:
         return time.perf_counter() - t0
 
 
-def queue_times(cluster: LocalCluster, config_dir: Path) -> tuple[float, float, int]:
+def queue_times(cluster: LocalCluster, config_dir: Path) -> tuple[float, float, float, int]:
+    """Medians: the API call `phalanx queue` makes (rows, JobTable), the same jobs as
+    JobInfo models (JobList), and the whole `phalanx queue` process; the count listed."""
     client = cluster.client()
-    api = []
+    api, models = [], []
     count = 0
     for _ in range(5):
         t0 = time.perf_counter()
-        count = len(client.jobs(active=True, limit=100_000).jobs)
+        count = len(client.job_table(active=True, limit=100_000).rows)
         api.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        if len(client.jobs(active=True, limit=100_000).jobs) != count:
+            raise SystemExit("the table and the object listing disagree")
+        models.append(time.perf_counter() - t0)
     env = {
         **os.environ,
         "PHALANX_HEAD": cluster.url,
@@ -130,7 +137,7 @@ def queue_times(cluster: LocalCluster, config_dir: Path) -> tuple[float, float, 
             stdout=subprocess.DEVNULL,
         )
         cli.append(time.perf_counter() - t0)
-    return statistics.median(api), statistics.median(cli), count
+    return statistics.median(api), statistics.median(models), statistics.median(cli), count
 
 
 def run_cluster(root: Path, name: str, db_url: str | None, max_batch: int | None) -> LocalCluster:
@@ -163,7 +170,7 @@ def main() -> None:
             lat = start_latency(cluster, args.starts)
             print(f"start latency measured over {len(lat)} jobs", file=sys.stderr)
             elapsed = flood(cluster.url, cluster.admin_token, args.jobs, args.clients)
-            api_s, cli_s, count = queue_times(cluster, root / "config")
+            api_s, models_s, cli_s, count = queue_times(cluster, root / "config")
             total = len(cluster.client().jobs(active=True, ended=True, limit=100_000).jobs)
         finally:
             cluster.stop()
@@ -185,6 +192,7 @@ def main() -> None:
             start_p50_s=round(percentile(lat, 0.5), 4),
             start_p99_s=round(percentile(lat, 0.99), 4),
             queue_10k_ms=round(api_s * 1000, 1),
+            queue_10k_as_models_ms=round(models_s * 1000, 1),
             queue_10k_cli_process_ms=round(cli_s * 1000, 1),
             jobs_listed=count,
             baseline_one_commit_per_submit_per_s=round(base_rate, 1),

@@ -337,7 +337,7 @@ def create_app(head: Head, role: Role | None = None) -> FastAPI:
         status, body = await submit_answer(head, keys, request.scope, request.receive)
         return Response(body, status_code=status, media_type="application/json")
 
-    @app.get("/v1/jobs", response_model=m.JobList)
+    @app.get("/v1/jobs", response_model=m.JobList | m.JobTable)
     def list_jobs(
         who: User,
         active: bool = False,
@@ -347,12 +347,20 @@ def create_app(head: Head, role: Role | None = None) -> FastAPI:
         state: Annotated[str | None, Query(max_length=64, pattern=r"^[A-Z,]*$")] = None,
         since: float | None = None,
         limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+        format: Annotated[
+            Literal["objects", "table"],
+            Query(description="objects: a JobList; table: a JobTable (rows of values)"),
+        ] = "objects",
     ) -> Response:
         states = {s for s in state.split(",") if s} if state else None
         jobs = head.list_jobs(who, active, ended, user, team, states, since, limit)
         # Plain dicts through pydantic-core's JSON writer: building and validating 10,000
         # JobInfo models costs more than the rest of the request.
-        return Response(to_json({"jobs": jobs}), media_type="application/json")
+        if format == "objects":
+            return Response(to_json({"jobs": jobs}), media_type="application/json")
+        columns = list(jobs[0]) if jobs else list(m.JobInfo.model_fields)
+        rows = [list(job.values()) for job in jobs]  # every dict has JobRecord.wire's keys
+        return Response(to_json({"columns": columns, "rows": rows}), media_type="application/json")
 
     @app.get("/v1/jobs/{job_id}", response_model=m.JobDetail, responses=NOT_FOUND)
     def job(job_id: JobId, who: User) -> m.JobDetail:

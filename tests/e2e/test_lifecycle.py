@@ -82,6 +82,28 @@ def test_cancelling_a_running_job_stops_every_process(api: PhalanxClient, workdi
     wait_for("the cancelled job's processes to be gone", lambda: all_gone(pids), 10)
 
 
+def test_the_table_listing_is_the_object_listing_as_rows(api: PhalanxClient, workdir: Path) -> None:
+    running = submit(api, job(workdir, sh("sleep 60"), nodes=2, gpus_per_node=2))
+    wait_state(api, running, "R")
+    waiting = submit(api, job(workdir, sh("echo never")))
+    wait_state(api, waiting, "PD")
+
+    objects = api.jobs(active=True).jobs
+    table = api.job_table(active=True)
+
+    assert table.columns == list(JobInfo.model_fields)
+    as_rows = [JobInfo.model_validate(dict(zip(table.columns, r, strict=True))) for r in table.rows]
+    by_id = {j.id: j for j in as_rows}
+    live = {"reason": None, "reason_message": None}  # pending reasons are computed per call
+    for listed in objects:
+        if listed.id in (running, waiting):
+            assert by_id[listed.id].model_copy(update=live) == listed.model_copy(update=live)
+    assert by_id[running].placement and by_id[running].placement == api.job(running).job.placement
+    assert by_id[waiting].reason
+    api.cancel(running)
+    api.cancel(waiting)
+
+
 def test_cancelling_a_pending_job(api: PhalanxClient, workdir: Path) -> None:
     blocker = submit(api, job(workdir, sh("sleep 60"), nodes=2, gpus_per_node=2))
     wait_state(api, blocker, "R")

@@ -73,6 +73,7 @@ def test_users_cannot_touch_other_teams_jobs(head: HeadProc) -> None:
     assert bob.get(f"/v1/jobs/{job}/logs").status_code == 403
     assert bob.post(f"/v1/jobs/{job}/cancel").status_code == 403
     assert job not in [j["id"] for j in bob.get("/v1/jobs?active=true").json()["jobs"]]
+    assert bob.get("/v1/jobs?active=true&format=table").json()["rows"] == []
     # A teammate sees it but may not cancel it; the team's admin may.
     assert carol.get(f"/v1/jobs/{job}").status_code == 200
     assert carol.post(f"/v1/jobs/{job}/cancel").status_code == 403
