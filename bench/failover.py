@@ -210,7 +210,9 @@ def resume(cluster: LocalCluster, root: Path, ckpt_steps: int) -> dict[str, Any]
         times = [e.time - t_crash for e in events if e.kind == kind and e.time >= t_crash]
         return round(times[0], 2) if times else None
 
-    lost = last_step - resumed_from
+    # A rescue checkpoint can be past the last step logged before the crash (the survivor
+    # finished a step after it was read): nothing was lost then.
+    lost = max(0, last_step - resumed_from)
     return {
         "resume_s": round(t_first - t_crash, 2),
         "resume_breakdown_s": {
