@@ -26,12 +26,14 @@ rescuing rank's RNG streams are in it; the other ranks keep freshly seeded ones 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import random
 import shutil
 import time
+import warnings
 from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -273,18 +275,27 @@ class Checkpointer:
         """Save `state` as `step`'s checkpoint from this rank alone, with no collective
         (see the module docstring): for a survivor whose peers died. Only sound where
         this rank's state is the whole job's (pure data parallel). The checkpoint's path,
-        or None if `step` already has one or the save failed (logged)."""
+        or None if `step` already has a complete one or the save failed (logged)."""
         final = step_dir(self.directory, step)
-        if final.exists():  # saved, or a periodic save of it in flight: leave it be
+        if (final / COMPLETE).is_file():
+            log.info("step %d already has a complete checkpoint: no rescue needed", step)
             return None
         tmp = self.directory / f"{_RESCUE_PREFIX}{step:08d}-rank{self.rt.rank}-{os.getpid()}"
         try:
-            dcp_save(dict(state), checkpoint_id=tmp, no_dist=True)
+            with warnings.catch_warnings():  # one process on purpose: no_dist says so
+                warnings.filterwarnings("ignore", "torch.distributed is disabled")
+                dcp_save(dict(state), checkpoint_id=tmp, no_dist=True)
             self._write_marker(tmp, step, rescue=True, rng_ranks=[self.rt.rank])
+            if final.exists() and not (final / COMPLETE).is_file():
+                # A periodic save of this step that the peer's death broke: move it aside
+                # (atomically; removed at the next start) rather than delete it, so a
+                # complete rescue another survivor just renamed there is never lost.
+                with contextlib.suppress(OSError):
+                    os.rename(final, tmp.with_name(tmp.name + "-broken"))
             os.rename(tmp, final)  # atomic; refused if another survivor was first
         except _SAVE_ERRORS as exc:
             shutil.rmtree(tmp, ignore_errors=True)
-            if final.is_dir() and (final / COMPLETE).is_file():
+            if (final / COMPLETE).is_file():
                 return None  # another rank rescued the same step first
             log.error("rescue checkpoint of step %d failed: %s: %s", step, type(exc).__name__, exc)
             return None
@@ -339,7 +350,7 @@ class Checkpointer:
                 value.saved_ranks = saved
         try:
             dcp_load(dict(state), checkpoint_id=path, process_group=self.rt.checkpoint_group)
-        except Exception as exc:
+        except _SAVE_ERRORS as exc:  # DCP's CheckpointException is a BaseException
             raise TrainConfigError(f"cannot load checkpoint {path}: {exc}") from exc
         finally:
             for value in state.values():

@@ -214,11 +214,15 @@ class Trainer:
             "trainer": _StepCounter(self),
         }
         # Every rank holds the whole model and optimizer: a survivor alone can save them.
+        # Not on CUDA yet: NCCL reports a failed collective asynchronously, so a survivor
+        # cannot tell that its last optimizer step used fully reduced gradients (gloo
+        # raises in the collective itself); enabling it there needs a GPU test.
         degrees = rt.config.degrees()
         self.rescuable = (
             config.rescue
             and self.checkpointer is not None
             and rt.world_size > 1
+            and rt.device.type == "cpu"
             and degrees["fsdp"] == degrees["tp"] == degrees["pp"] == 1
         )
         self.watcher = PreemptionWatcher(rt.control_group if rt.world_size > 1 else None)
@@ -292,6 +296,8 @@ class Trainer:
     def _rescue(self, start: dict[str, Any], exc: BaseException) -> None:
         assert self.checkpointer is not None
         step = start["trainer"].state["step"]
+        if step == self.result.start_step or not self.optimizer.state:
+            return  # nothing trained since this run began: its restart starts there anyway
         state = {**self.state, **start}
         with _sigterm_deferred():  # the gang's teardown waits the kill grace for it
             path = self.checkpointer.rescue(step, state)

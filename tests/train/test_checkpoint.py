@@ -185,6 +185,29 @@ def test_layout_markers_keep_k_and_unfinished_saves(
     assert not unfinished.exists()
 
 
+def test_a_rescue_replaces_a_broken_save_of_its_step_but_not_a_complete_one(
+    one_process: pt.Runtime, tmp_path: Path
+) -> None:
+    ckpt = pt.Checkpointer(tmp_path, one_process)
+    model, state = _state(0)
+    broken = step_dir(tmp_path, 7)  # a periodic save the peer's death cut short
+    broken.mkdir()
+    (broken / "__0_0.distcp").write_bytes(b"half")
+    assert ckpt.rescue(7, state) == broken
+    assert read_marker(tmp_path, 7)["rescue"] is True
+    ckpt.save(8, state)
+    ckpt.close()
+    assert ckpt.rescue(8, state) is None  # already complete: left as it is
+    assert "rescue" not in read_marker(tmp_path, 8)
+    # The broken save was moved aside, and goes at the next start like any leftover.
+    assert pt.Checkpointer(tmp_path, one_process).latest_step() == 8
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000007", "step_00000008"]
+    torch.manual_seed(1)
+    fresh, loaded = _state(1)
+    pt.Checkpointer(tmp_path, one_process).load(7, loaded)
+    assert torch.equal(fresh.weight, model.weight)
+
+
 def test_async_save_snapshots_the_state_when_it_returns(
     one_process: pt.Runtime, tmp_path: Path
 ) -> None:
