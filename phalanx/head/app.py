@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Annotated, Any, Literal
@@ -117,8 +116,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers", []))
-        length = headers.get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
+        if _declared_too_large(headers.get(b"content-length")):
             await _too_large()(scope, receive, send)
             return
         seen = 0
@@ -148,8 +146,16 @@ class _BodyTooLarge(Exception):
     pass
 
 
+TOO_LARGE = f"request body larger than {MAX_BODY_BYTES} bytes"
+
+
 def _too_large() -> JSONResponse:
-    return _json(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+    return _json(413, TOO_LARGE)
+
+
+def _declared_too_large(length: bytes | None) -> bool:
+    """Whether a Content-Length header's value is malformed or over MAX_BODY_BYTES."""
+    return length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES)
 
 
 class FastSubmit:
@@ -169,15 +175,13 @@ class FastSubmit:
             return
         try:
             status, body = await submit_answer(self.head, self.keys, scope, receive)
-            headers = [(b"content-type", b"application/json")]
         except Exception as e:
             answer = error_answer(e)
             if answer is None:
                 raise
-            status, detail, extra = answer
-            body = json.dumps({"detail": detail}).encode()
-            headers = [(b"content-type", b"application/json")]
-            headers += [(k.lower().encode(), v.encode()) for k, v in extra.items()]
+            await _json(*answer)(scope, receive, send)  # the exception handlers' answer
+            return
+        headers = [(b"content-type", b"application/json")]
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -212,8 +216,8 @@ async def submit_answer(
             length = value
     who = head.require_user(head.authenticate(token))
     key = _check_idempotency_key(key)
-    if length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES):
-        raise HeadError(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+    if _declared_too_large(length):
+        raise HeadError(413, TOO_LARGE)
     raw = await _read_body(receive)
     try:
         spec = m.JobSpec.model_validate_json(raw)
@@ -250,7 +254,7 @@ async def _read_body(receive: Receive) -> bytes:
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > MAX_BODY_BYTES:
-            raise HeadError(413, f"request body larger than {MAX_BODY_BYTES} bytes")
+            raise HeadError(413, TOO_LARGE)
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
