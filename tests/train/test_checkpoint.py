@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,29 @@ def _losses(out: Path) -> tuple[int, dict[int, float]]:
     return result["start_step"], {int(k): v for k, v in result["losses"].items()}
 
 
+def _wait_while_running(job: launch.Ranks, done: Callable[[], bool]) -> None:
+    """Until `done()`, failing if the job ends first or after 120 s."""
+    deadline = time.monotonic() + 120
+    while not done():
+        assert job.running(), job.output()
+        assert time.monotonic() < deadline, job.output()
+        time.sleep(0.02)
+
+
+def _resume_matches(spec: Path, full: launch.Ranks, tmp_path: Path, step: int) -> None:
+    """Run `spec` again on 2 ranks: it resumes from `step` and its losses from there equal
+    those of the uninterrupted run `full` (out files as _write_spec names them)."""
+    codes, output = launch.run(2, [WORKER, str(spec)], tmp_path / "logs")
+    assert codes == [0, 0], output
+    assert f"resumed from step {step}" in output
+    assert full.wait(120) == [0, 0], full.output()
+    start, resumed = _losses(tmp_path / "ck-out.json")
+    _, uninterrupted = _losses(tmp_path / "full-out.json")
+    assert start == step and sorted(resumed) == list(range(step + 1, 9))
+    for n, loss in resumed.items():  # same world, data order and model state: bitwise equal
+        assert loss == pytest.approx(uninterrupted[n], rel=1e-6, abs=0), n
+
+
 def test_kill_9_mid_run_resumes_from_the_last_complete_checkpoint_on_the_same_curve(
     tmp_path: Path,
 ) -> None:
@@ -57,25 +80,13 @@ def test_kill_9_mid_run_resumes_from_the_last_complete_checkpoint_on_the_same_cu
     )
     full = launch.start(2, [WORKER, str(full_spec)], tmp_path / "logs")
     job = launch.start(2, [WORKER, str(spec)], tmp_path / "logs")
-    deadline = time.monotonic() + 120
-    while not (step_dir(ckpt, 4) / COMPLETE).is_file():
-        assert job.running(), job.output()
-        assert time.monotonic() < deadline, job.output()
-        time.sleep(0.02)
+    _wait_while_running(job, lambda: (step_dir(ckpt, 4) / COMPLETE).is_file())
     job.kill()  # SIGKILL to every rank: no handler, no cleanup
     assert not (tmp_path / "ck-out.json").exists()
     newest = complete_steps(ckpt)[-1]
     assert 4 <= newest < 8
 
-    codes, output = launch.run(2, [WORKER, str(spec)], tmp_path / "logs")
-    assert codes == [0, 0], output
-    assert f"resumed from step {newest}" in output
-    assert full.wait(120) == [0, 0], full.output()
-    start, resumed = _losses(tmp_path / "ck-out.json")
-    _, uninterrupted = _losses(tmp_path / "full-out.json")
-    assert start == newest and sorted(resumed) == list(range(newest + 1, 9))
-    for step, loss in resumed.items():  # same world, same data order and RNG: bitwise equal
-        assert loss == pytest.approx(uninterrupted[step], rel=1e-6, abs=0), step
+    _resume_matches(spec, full, tmp_path, newest)  # every rank's RNG restored too
     assert complete_steps(ckpt) == [6, 8]  # keep 2
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000006", "step_00000008"]
 
@@ -95,11 +106,7 @@ def test_a_survivor_rescues_the_last_finished_step_when_its_peer_dies(tmp_path: 
     )
     full = launch.start(2, [WORKER, str(full_spec)], tmp_path / "logs")
     job = launch.start(2, [WORKER, str(spec)], tmp_path / "logs")
-    deadline = time.monotonic() + 120
-    while "step 3 " not in job.logs[0].read_text():
-        assert job.running(), job.output()
-        assert time.monotonic() < deadline, job.output()
-        time.sleep(0.02)
+    _wait_while_running(job, lambda: "step 3 " in job.logs[0].read_text())
     job.signal(1, 9)  # rank 1's node "crashes": rank 0's next collective fails at once
     codes = job.wait(60)
     assert codes[1] == -9 and codes[0] not in (0, -9), (codes, job.output())
@@ -111,15 +118,7 @@ def test_a_survivor_rescues_the_last_finished_step_when_its_peer_dies(tmp_path: 
     assert f"rescued step {step} to {step_dir(ckpt, step)}" in job.logs[0].read_text()
     assert [p.name for p in ckpt.iterdir()] == [step_dir(ckpt, step).name]  # no temp left
 
-    codes, output = launch.run(2, [WORKER, str(spec)], tmp_path / "logs")
-    assert codes == [0, 0], output
-    assert f"resumed from step {step}" in output
-    assert full.wait(120) == [0, 0], full.output()
-    start, resumed = _losses(tmp_path / "ck-out.json")
-    _, uninterrupted = _losses(tmp_path / "full-out.json")
-    assert start == step and sorted(resumed) == list(range(step + 1, 9))
-    for n, loss in resumed.items():  # model, optimizer, LR and data position all restored
-        assert loss == pytest.approx(uninterrupted[n], rel=1e-6, abs=0), n
+    _resume_matches(spec, full, tmp_path, step)  # model, optimizer, LR, data position
 
 
 def test_no_rescue_where_a_rank_holds_only_a_shard(tmp_path: Path) -> None:
@@ -135,11 +134,7 @@ def test_no_rescue_where_a_rank_holds_only_a_shard(tmp_path: Path) -> None:
         step_sleep=0.15,
     )
     job = launch.start(2, [WORKER, str(spec)], tmp_path / "logs")
-    deadline = time.monotonic() + 120
-    while "step 3 " not in job.logs[0].read_text():
-        assert job.running(), job.output()
-        assert time.monotonic() < deadline, job.output()
-        time.sleep(0.02)
+    _wait_while_running(job, lambda: "step 3 " in job.logs[0].read_text())
     job.signal(1, 9)
     codes = job.wait(60)
     assert codes[0] not in (0, -9), (codes, job.output())
