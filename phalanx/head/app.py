@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from typing import Annotated, Any, Literal
@@ -24,6 +25,7 @@ from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
 from phalanx.head.service import Head
 
+log = logging.getLogger("phalanx.head")
 MAX_BODY_BYTES = 2 * 1024 * 1024
 
 _bearer = HTTPBearer(auto_error=False)
@@ -159,8 +161,9 @@ def _declared_too_large(length: bytes | None) -> bool:
 
 
 class FastSubmit:
-    """`POST /v1/jobs`, the hottest route, as plain ASGI: no Starlette Request, routing,
-    dependency solving or exception middleware (together ~half the head's CPU per submit).
+    """`POST /v1/jobs`, the hottest route, as plain ASGI in front of FastAPI: no Starlette
+    Request, routing, dependency solving or middleware (together ~half the head's CPU per
+    submit).
     The same checks, limits and error bodies as every other route; FastAPI still declares
     the route (OpenAPI) and serves it if this is bypassed."""
 
@@ -177,8 +180,9 @@ class FastSubmit:
             status, body = await submit_answer(self.head, self.keys, scope, receive)
         except Exception as e:
             answer = error_answer(e)
-            if answer is None:
-                raise
+            if answer is None:  # a bug: logged, and answered like FastAPI answers one
+                log.exception("POST /v1/jobs failed")
+                answer = 500, "internal server error (logged by the head)", {}
             await _json(*answer)(scope, receive, send)  # the exception handlers' answer
             return
         headers = [(b"content-type", b"application/json")]
@@ -278,8 +282,12 @@ def error_answer(e: BaseException) -> tuple[int, str, dict[str, str]] | None:
     return None
 
 
-def create_app(head: Head, role: Role | None = None) -> FastAPI:
-    """The API of `head`; with `role`, a standby gate (see StandbyGate) in front of it."""
+def create_app(head: Head, role: Role | None = None) -> ASGIApp:
+    """The API of `head`: FastAPI behind the submit fast path (FastSubmit) and, outermost,
+    the standby gate (StandbyGate; a standby reads no body). Both sit in front of FastAPI
+    rather than among its middleware: FastAPI wraps those in its own per-request layers
+    (error and telemetry middleware, a body limit), which cost a submit more than its
+    validation does."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -299,9 +307,7 @@ def create_app(head: Head, role: Role | None = None) -> FastAPI:
 
     keys = jobs.SubmitKeys()  # idempotency keys of live jobs (the control thread's)
     app.add_middleware(BodyLimit)
-    app.add_middleware(FastSubmit, head=head, keys=keys)
     role = role or Role(leader=True)
-    app.add_middleware(StandbyGate, role=role)  # outermost: a standby reads no body
 
     async def _answer(_r: Request, e: Exception) -> JSONResponse:
         answer = error_answer(e)
@@ -508,7 +514,7 @@ def create_app(head: Head, role: Role | None = None) -> FastAPI:
     async def heartbeat(body: m.Heartbeat, who: Who) -> m.DesiredState:
         return await head.heartbeat(who, body)
 
-    return app
+    return StandbyGate(FastSubmit(app, head, keys), role)
 
 
 def _submit(head: Head, tx: Any, who: Principal, spec: m.JobSpec) -> m.SubmitResponse:
