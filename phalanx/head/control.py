@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from phalanx.core import Team
 from phalanx.head import clock, scheduling, store
@@ -58,6 +58,7 @@ class ControlThread:
         self.mirror = Mirror(settings)
         self.lock = threading.RLock()  # held while the mirror changes; readers take it too
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self._held: Connection | None = None  # kept between back-to-back batches
         self._thread = threading.Thread(target=self._run, name="phalanx-control", daemon=True)
         self._stopping = False
         self.on_commit: Callable[[set[str]], None] = lambda nodes: None
@@ -96,6 +97,9 @@ class ControlThread:
         self._stopping = True
         self._queue.put(None)
         self._thread.join(timeout=10)
+        if not self._thread.is_alive() and self._held is not None:
+            self._held.close()
+            self._held = None
 
     # ------------------------------------------------------------------ operations
     def submit_op(self, fn: Callable[[Tx], T]) -> Future[T]:
@@ -136,8 +140,24 @@ class ControlThread:
                 next_tick = time.monotonic() + settings.tick_s
             self._batch(ops, tick)
 
+    def _connect(self) -> Connection:
+        held, self._held = self._held, None
+        return held if held is not None else self.engine.connect()
+
+    def _release(self, connection: Connection | None) -> None:
+        """Keep the batch's connection for the next batch if one is already waiting, else
+        give it back to the pool. Under load the control thread so skips a pool checkout,
+        its reset and (PostgreSQL) its liveness ping per batch; an idle head's next batch
+        gets a pinged connection from the pool as before."""
+        if connection is None:
+            return
+        if self._queue.empty():
+            connection.close()
+        else:
+            self._held = connection
+
     def _batch(self, ops: list[_Op], tick: bool) -> None:
-        tx = Tx(self.engine)
+        tx = Tx(self._connect)
         results: list[tuple[_Op, Any, BaseException | None]] = []
         try:
             with self.lock:
@@ -164,6 +184,7 @@ class ControlThread:
             tx.rollback()
             _resolve([(op, None, HeadError(503, "the head is restarting")) for op in ops])
             os._exit(70)
+        self._release(tx.connection)
         _resolve(results)
         if tx.touched_nodes:
             self.on_commit(tx.touched_nodes)

@@ -3,10 +3,11 @@ transaction every change to it is written through."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection
 
 from phalanx.core import ClusterState, Decisions, Team
 from phalanx.head import store
@@ -61,13 +62,14 @@ class Mirror:
 class Tx:
     """One database transaction of the control thread; events are written in one batch.
 
-    The connection is opened on first use, so a batch of operations that changed nothing
-    durable (most heartbeats) never touches the database.
+    The connection comes from `connect` on first use, so a batch of operations that changed
+    nothing durable (most heartbeats) never touches the database. The caller owns it: after
+    `commit` or `rollback`, `connection` is open with no transaction, to reuse or close.
     """
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._conn: Connection | None = None
+    def __init__(self, connect: Callable[[], Connection]) -> None:
+        self._connect = connect
+        self.connection: Connection | None = None
         self._events: list[dict[str, Any]] = []
         self._new_jobs: list[JobRecord] = []
         self.kick = False  # run a scheduling cycle before committing
@@ -75,10 +77,10 @@ class Tx:
 
     @property
     def conn(self) -> Connection:
-        if self._conn is None:
-            self._conn = self._engine.connect()
-            self._conn.begin()
-        return self._conn
+        if self.connection is None:
+            self.connection = self._connect()
+            self.connection.begin()
+        return self.connection
 
     def event(
         self,
@@ -112,13 +114,9 @@ class Tx:
         if self._events:
             store.insert_events(self.conn, self._events)
             self._events = []
-        if self._conn is not None:
-            self._conn.commit()
-            self._conn.close()
-            self._conn = None
+        if self.connection is not None:
+            self.connection.commit()
 
     def rollback(self) -> None:
-        if self._conn is not None:
-            self._conn.rollback()
-            self._conn.close()
-            self._conn = None
+        if self.connection is not None:
+            self.connection.rollback()

@@ -21,32 +21,40 @@ def insert_jobs(conn: Connection, records: Sequence[JobRecord]) -> None:
     insert_rows(conn, db.jobs, [r.row() for r in records])
 
 
-# Rows per multi-row INSERT: 28 job columns × 500 stays far below SQLite's 32,766 and
-# PostgreSQL's 65,535 parameters per statement.
+# Rows per multi-row INSERT on SQLite: 28 job columns × 500 stays far below its 32,766
+# parameters per statement.
 ROWS_PER_INSERT = 500
 
 
 def insert_rows(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
-    """Insert `rows` (dicts with the same keys) as multi-row `INSERT … VALUES (…), (…)`.
+    """Insert `rows` (dicts with the same keys), in as few round trips and GIL releases as
+    the driver allows, with the SQL text built once per shape from the table's quoted names.
 
-    One statement per ROWS_PER_INSERT rows, where an executemany runs one per row: on SQLite
-    each row's step releases and re-takes the GIL, and under load the control thread then
-    waits for the API's event loop to hand it back, once per row. SQLAlchemy's own
-    multi-row `insert().values([...])` builds and compiles one bind parameter per value
-    (~30× slower than this); the text here is built once per shape from the table's
-    quoted names, in the driver's parameter style."""
+    On SQLite, multi-row `INSERT … VALUES (…), (…)`, one per ROWS_PER_INSERT rows: an
+    executemany steps once per row, each step releases and re-takes the GIL, and under load
+    the control thread then waits for the API's event loop to hand it back, once per row.
+    On PostgreSQL, the driver's own executemany of the one-row statement: psycopg pipelines
+    the rows in one round trip with one prepared statement (a long multi-row text would be
+    re-parsed in Python every time). SQLAlchemy's `insert()` costs more than either here: it
+    processes each row's parameters in Python, and its multi-row `values([...])` compiles
+    one bind parameter per value (~30× slower)."""
     if not rows:
         return
     columns = tuple(rows[0])
+    prefix, group = _insert_text(conn.dialect, table.name, columns)
+    if conn.dialect.paramstyle != "qmark":
+        conn.exec_driver_sql(prefix + group, [tuple(row[c] for c in columns) for row in rows])
+        return
     for start in range(0, len(rows), ROWS_PER_INSERT):
         chunk = rows[start : start + ROWS_PER_INSERT]
-        prefix, group = _insert_text(conn.dialect, table.name, columns)
         params = tuple(row[c] for row in chunk for c in columns)
         conn.exec_driver_sql(prefix + ", ".join([group] * len(chunk)), params)
 
 
 @functools.cache
 def _insert_text(dialect: Dialect, table: str, columns: tuple[str, ...]) -> tuple[str, str]:
+    """`INSERT INTO table (columns) VALUES ` and one row's `(?, ?, …)` in `dialect`'s
+    quoting and parameter style."""
     quote = dialect.identifier_preparer.quote
     mark = "?" if dialect.paramstyle == "qmark" else "%s"
     names = ", ".join(quote(c) for c in columns)
