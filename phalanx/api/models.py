@@ -107,7 +107,7 @@ class JobSpec(Wire):
 class SubmitResponse(Wire):
     job_ids: list[int]  # one id, or one per array task
     array_job_id: int | None = None
-    warnings: list[str] = []
+    warnings: list[str] = Field(default_factory=list)  # not `[]`: that is deep-copied each time
 
 
 # ----------------------------------------------------------------------------- job views

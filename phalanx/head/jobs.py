@@ -56,6 +56,8 @@ def submit(
     first = mirror.next_job_id
     mirror.next_job_id += len(indices)
     cap = spec.array.max_parallel if spec.array and spec.array.max_parallel else len(indices)
+    # The team as decided; a frozen model, so an array's tasks share it.
+    stored = spec if spec.team == team else spec.model_copy(update={"team": team})
     records = []
     for k, index in enumerate(indices):
         rec = JobRecord(
@@ -67,7 +69,7 @@ def submit(
             qos=spec.qos,
             priority=QOS_PRIORITY[spec.qos],
             state="PD",
-            spec=spec.model_copy(update={"team": team}),
+            spec=stored,
             submit_time=now,
             array_job_id=first if spec.array else None,
             array_task_id=index,
