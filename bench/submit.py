@@ -7,7 +7,8 @@ Starts a real local cluster (head + 2 agents × 4 fake GPUs, real processes), th
   submit → all 8 ranks running, from the head's own timestamps (submit time and the
   "running" event, written when every rank has reported itself running);
 - submits/s: `--clients` concurrent HTTP clients submit `--jobs` jobs; each answer comes
-  after the job is committed to the database (durable); then the count is checked;
+  after the job is committed to the database (durable); then the count is checked; beside
+  it, the share of CPU time the virtual machine's host took away meanwhile (steal);
 - `queue` with those jobs in the system: the API call `phalanx queue` makes + parse (rows
   of values, `format=table`), the same jobs as JobInfo models (`client.jobs()`), and the
   whole `phalanx queue` command as a process (Python start-up included);
@@ -129,6 +130,26 @@ def _read_answer(conn: socket.socket, buffer: bytes) -> tuple[int, bytes]:
     return status, rest[length:]
 
 
+def cpu_steal() -> tuple[int, int] | None:
+    """Linux: (steal, total) jiffies of all CPUs so far (None elsewhere). On a shared
+    virtual machine the host takes CPU time away from this one; a flood's share of that is
+    printed beside its rate, as it moves the rate."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if fields[0] != "cpu" or len(fields) < 9:
+        return None
+    return int(fields[8]), sum(int(x) for x in fields[1:9])
+
+
+def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return round(100 * (after[0] - before[0]) / (after[1] - before[1]), 1)
+
+
 def flood(url: str, token: str, jobs: int, clients: int) -> float:
     """`clients` concurrent connections, spread over a few processes (so the load generator,
     not the head, is never the single-core bottleneck of one Python process)."""
@@ -206,7 +227,9 @@ def main() -> None:
         try:
             lat = start_latency(cluster, args.starts)
             print(f"start latency measured over {len(lat)} jobs", file=sys.stderr)
+            steal_before = cpu_steal()
             elapsed = flood(cluster.url, cluster.admin_token, args.jobs, args.clients)
+            steal = steal_pct(steal_before, cpu_steal())
             api_s, models_s, cli_s, count = queue_times(cluster, root / "config")
             total = len(cluster.client().jobs(active=True, ended=True, limit=100_000).jobs)
         finally:
@@ -226,6 +249,7 @@ def main() -> None:
         base_rate = args.baseline_jobs / base_elapsed
         result.update(
             submits_per_s=round(rate, 1),
+            cpu_steal_pct_during_submits=steal,
             start_p50_s=round(percentile(lat, 0.5), 4),
             start_p99_s=round(percentile(lat, 0.99), 4),
             queue_10k_ms=round(api_s * 1000, 1),
