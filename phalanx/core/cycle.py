@@ -86,6 +86,9 @@ class _Cycle:
                 self.nothing_fits = None  # to be re-derived
 
 
+NO_NODE_UP = Reason(ReasonCode.INFEASIBLE, "no node with GPUs is up: every node is down or drained")
+
+
 def schedule(
     state: ClusterState, now: float, config: SchedulerConfig = DEFAULT_CONFIG
 ) -> Decisions:
@@ -99,6 +102,17 @@ def schedule(
         cycle.reasons[job_id] = _dependency_reason(dep, never=False)
     for job_id, dep in state.never.items():
         cycle.reasons[job_id] = _dependency_reason(dep, never=True)
+    if len(state.capacity_ge) < 2 or not state.capacity_ge[1]:
+        # No node with a GPU is up: every queued job is infeasible. Said once, as the
+        # default, rather than found job by job (10,000 queued jobs took ~35 ms a cycle).
+        return Decisions(
+            starts=(),
+            preemptions=(),
+            reservation=None,
+            reasons=cycle.reasons,
+            team_reasons={},
+            default_reason=NO_NODE_UP,
+        )
     default = Reason(ReasonCode.PRIORITY, "waiting for jobs ahead of it")
     try:
         # Phase 2 — order: merge the heads of the team queues by the policy's key.
