@@ -73,22 +73,26 @@ def _client_process(args: tuple[str, str, list[int]]) -> None:
     parsed = urlsplit(url)
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
     body = JobSpec(command=["sleep", "3600"], workdir="/tmp", name="flood").model_dump_json()
+    payload = body.encode()
     request = (
         f"POST /v1/jobs HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
-    ).encode()
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n"
+    ).encode() + payload
     errors: list[str] = []
 
     def one(n: int) -> None:
-        with socket.create_connection((host, port), timeout=60) as conn:
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            buffer = b""
-            for _ in range(n):
-                conn.sendall(request)
-                status, buffer = _read_answer(conn, buffer)
-                if status != 201:
-                    errors.append(f"HTTP {status}: {buffer[:200]!r}")
-                    return
+        try:
+            with socket.create_connection((host, port), timeout=60) as conn:
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                buffer = b""
+                for _ in range(n):
+                    conn.sendall(request)
+                    status, buffer = _read_answer(conn, buffer)
+                    if status != 201:
+                        errors.append(f"HTTP {status}: {buffer[:200]!r}")
+                        return
+        except (OSError, SystemExit) as e:  # a thread's exception would vanish otherwise
+            errors.append(f"{type(e).__name__}: {e}")
 
     threads = [threading.Thread(target=one, args=(n,)) for n in counts]
     for t in threads:
@@ -150,18 +154,21 @@ def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> 
     return round(100 * (after[0] - before[0]) / (after[1] - before[1]), 1)
 
 
-def flood(url: str, token: str, jobs: int, clients: int) -> float:
+def flood(url: str, token: str, jobs: int, clients: int) -> tuple[float, float | None]:
     """`clients` concurrent connections, spread over a few processes (so the load generator,
-    not the head, is never the single-core bottleneck of one Python process)."""
+    not the head, is never the single-core bottleneck of one Python process): the seconds
+    the submits took and the host's CPU steal meanwhile (percent; None where unknown)."""
     per_client = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
     procs = min(4, clients)
     shares = [(url, token, per_client[i::procs]) for i in range(procs)]
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(procs) as pool:
         pool.map(_client_process, [(url, token, [1]) for _ in range(procs)])  # warm up
+        steal_before = cpu_steal()
         t0 = time.perf_counter()
         pool.map(_client_process, shares)
-        return time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        return elapsed, steal_pct(steal_before, cpu_steal())
 
 
 def queue_times(cluster: LocalCluster, config_dir: Path) -> tuple[float, float, float, int]:
@@ -227,9 +234,7 @@ def main() -> None:
         try:
             lat = start_latency(cluster, args.starts)
             print(f"start latency measured over {len(lat)} jobs", file=sys.stderr)
-            steal_before = cpu_steal()
-            elapsed = flood(cluster.url, cluster.admin_token, args.jobs, args.clients)
-            steal = steal_pct(steal_before, cpu_steal())
+            elapsed, steal = flood(cluster.url, cluster.admin_token, args.jobs, args.clients)
             api_s, models_s, cli_s, count = queue_times(cluster, root / "config")
             total = len(cluster.client().jobs(active=True, ended=True, limit=100_000).jobs)
         finally:
@@ -241,10 +246,14 @@ def main() -> None:
             pg.reset()
         base = run_cluster(root, "baseline", pg.url if pg else None, 1)
         try:
-            base_elapsed = flood(base.url, base.admin_token, args.baseline_jobs, args.clients)
+            base_elapsed, _ = flood(base.url, base.admin_token, args.baseline_jobs, args.clients)
+            base_total = len(base.client().jobs(active=True, ended=True, limit=100_000).jobs)
         finally:
             base.stop()
             os.environ.pop("PHALANX_MAX_BATCH", None)
+        base_expected = args.baseline_jobs + min(4, args.clients)
+        if base_total < base_expected:
+            raise SystemExit(f"baseline: only {base_total} of {base_expected} jobs were stored")
         rate = args.jobs / elapsed
         base_rate = args.baseline_jobs / base_elapsed
         result.update(

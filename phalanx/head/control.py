@@ -145,16 +145,16 @@ class ControlThread:
         return held if held is not None else self.engine.connect()
 
     def _release(self, connection: Connection | None) -> None:
-        """Keep the batch's connection for the next batch if one is already waiting, else
-        give it back to the pool. Under load the control thread so skips a pool checkout,
-        its reset and (PostgreSQL) its liveness ping per batch; an idle head's next batch
+        """After a batch: keep its connection (or the one still held, if the batch wrote
+        nothing) for the next batch if one is already waiting, else give it back to the
+        pool. Under load the control thread so skips a pool checkout, its reset and
+        (PostgreSQL) its liveness ping per batch; once the queue runs dry the next batch
         gets a pinged connection from the pool as before."""
-        if connection is None:
-            return
-        if self._queue.empty():
-            connection.close()
-        else:
+        if connection is not None:
             self._held = connection
+        if self._held is not None and self._queue.empty():
+            self._held.close()
+            self._held = None
 
     def _batch(self, ops: list[_Op], tick: bool) -> None:
         tx = Tx(self._connect)
@@ -181,9 +181,12 @@ class ControlThread:
             # The mirror may now disagree with the database: stop rather than serve wrong
             # answers. The database holds every committed change; a restart rebuilds.
             log.exception("control loop failed; the head stops (state is safe in the database)")
-            tx.rollback()
-            _resolve([(op, None, HeadError(503, "the head is restarting")) for op in ops])
-            os._exit(70)
+            try:
+                with contextlib.suppress(Exception):  # uncommitted work is dropped regardless
+                    tx.rollback()
+                _resolve([(op, None, HeadError(503, "the head is restarting")) for op in ops])
+            finally:
+                os._exit(70)
         self._release(tx.connection)
         _resolve(results)
         if tx.touched_nodes:

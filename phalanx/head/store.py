@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -21,8 +22,8 @@ def insert_jobs(conn: Connection, records: Sequence[JobRecord]) -> None:
     insert_rows(conn, db.jobs, [r.row() for r in records])
 
 
-# Rows per multi-row INSERT on SQLite: 28 job columns × 500 stays far below its 32,766
-# parameters per statement.
+# Rows per multi-row INSERT on SQLite, at most: fewer where the SQLite build allows fewer
+# parameters per statement than rows × columns (32,766 since 3.32; 999 before).
 ROWS_PER_INSERT = 500
 
 
@@ -45,10 +46,20 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) 
     if conn.dialect.paramstyle != "qmark":
         conn.exec_driver_sql(prefix + group, [tuple(row[c] for c in columns) for row in rows])
         return
-    for start in range(0, len(rows), ROWS_PER_INSERT):
-        chunk = rows[start : start + ROWS_PER_INSERT]
+    per = max(1, min(ROWS_PER_INSERT, _sqlite_max_parameters(conn) // len(columns)))
+    for start in range(0, len(rows), per):
+        chunk = rows[start : start + per]
         params = tuple(row[c] for row in chunk for c in columns)
         conn.exec_driver_sql(prefix + ", ".join([group] * len(chunk)), params)
+
+
+def _sqlite_max_parameters(conn: Connection) -> int:
+    """The most bound parameters one statement may have on this SQLite connection."""
+    driver = conn.connection.driver_connection
+    getlimit = getattr(driver, "getlimit", None)  # Python ≥ 3.11
+    if getlimit is None:
+        return 999  # SQLite's smallest default
+    return int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
 
 
 @functools.cache

@@ -1,7 +1,11 @@
-"""The head's multi-row inserts (store.insert_rows) on SQLite and PostgreSQL."""
+"""The head's writes: multi-row inserts (store.insert_rows) on SQLite and PostgreSQL, and
+the control thread's connection between batches."""
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +13,9 @@ import pytest
 from sqlalchemy import Engine, select
 
 from phalanx.head import db, store
+from phalanx.head.control import ControlThread
 from phalanx.head.migrate import upgrade
+from phalanx.head.mirror import Settings, Tx
 from phalanx.testing.postgres import PostgresServer
 
 
@@ -63,3 +69,56 @@ def test_a_failing_multi_row_insert_stores_none_of_its_rows(engine: Engine) -> N
         store.insert_events(conn, [row, {**row, "kind": None}])
     with engine.connect() as conn:
         assert conn.execute(select(db.events.c.id)).all() == []
+
+
+def test_sqlite_statements_stay_within_the_builds_parameter_limit(tmp_path: Path) -> None:
+    """Older SQLite builds allow 999 parameters per statement, not 32,766: the rows per
+    statement follow the connection's own limit (here 12: two 5-column rows)."""
+    engine = db.make_engine(db.default_url(tmp_path))
+    upgrade(engine)
+    rows = [
+        {"time": float(i), "kind": "k", "message": str(i), "job_id": i, "node": None}
+        for i in range(7)
+    ]
+    with engine.begin() as conn:
+        driver = conn.connection.driver_connection
+        assert driver is not None
+        driver.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 12)
+        store.insert_events(conn, rows)
+    with engine.connect() as conn:
+        stored = conn.execute(select(db.events.c.job_id).order_by(db.events.c.id)).scalars()
+        assert list(stored) == list(range(7))
+    engine.dispose()
+
+
+def test_the_control_thread_gives_its_connection_back_once_the_queue_runs_dry(
+    tmp_path: Path,
+) -> None:
+    """A connection kept for a waiting batch goes back to the pool (where it is pinged
+    before reuse) even when that batch wrote nothing."""
+    engine = db.make_engine(db.default_url(tmp_path))
+    upgrade(engine)
+    control = ControlThread(engine, Settings())
+    control.start()
+    try:
+        inside = threading.Event()
+        go_on = threading.Event()
+
+        def write(tx: Tx) -> None:
+            tx.conn.exec_driver_sql("SELECT 1")
+            inside.set()
+            go_on.wait(10)
+
+        first = control.submit_op(write)
+        assert inside.wait(10)
+        second = control.submit_op(lambda tx: None)  # queued while the first batch runs
+        go_on.set()
+        first.result(10)
+        second.result(10)
+        deadline = time.monotonic() + 10
+        while engine.pool.checkedout() and time.monotonic() < deadline:  # type: ignore[attr-defined]
+            time.sleep(0.01)
+        assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    finally:
+        control.stop()
+        engine.dispose()
