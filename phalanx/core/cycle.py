@@ -102,7 +102,7 @@ def schedule(
         cycle.reasons[job_id] = _dependency_reason(dep, never=False)
     for job_id, dep in state.never.items():
         cycle.reasons[job_id] = _dependency_reason(dep, never=True)
-    if len(state.capacity_ge) < 2 or not state.capacity_ge[1]:
+    if not state.gpus_up:
         # No node with a GPU is up: every queued job is infeasible. Said once, as the
         # default, rather than found job by job (10,000 queued jobs took ~35 ms a cycle).
         return Decisions(

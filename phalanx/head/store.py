@@ -56,10 +56,8 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) 
 def _sqlite_max_parameters(conn: Connection) -> int:
     """The most bound parameters one statement may have on this SQLite connection."""
     driver = conn.connection.driver_connection
-    getlimit = getattr(driver, "getlimit", None)  # Python ≥ 3.11
-    if getlimit is None:
-        return 999  # SQLite's smallest default
-    return int(getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
+    assert driver is not None  # a connection in use is never invalidated
+    return int(driver.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER))
 
 
 @functools.cache
