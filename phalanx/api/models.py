@@ -164,7 +164,10 @@ class JobProgress(Wire):
 
 class JobDetail(Wire):
     job: JobInfo
-    spec: JobSpec
+    spec: JobSpec = Field(
+        description="the spec as submitted (`team` empty: the submitter's default); "
+        "`job.team` is the team the job runs under"
+    )
     events: list[JobEvent]
     progress: list[JobProgress] = []  # the latest report of each reporting rank (live jobs)
 

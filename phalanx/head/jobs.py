@@ -56,8 +56,6 @@ def submit(
     first = mirror.next_job_id
     mirror.next_job_id += len(indices)
     cap = spec.array.max_parallel if spec.array and spec.array.max_parallel else len(indices)
-    # The team as decided; a frozen model, so an array's tasks share it.
-    stored = spec if spec.team == team else spec.model_copy(update={"team": team})
     records = []
     for k, index in enumerate(indices):
         rec = JobRecord(
@@ -69,7 +67,7 @@ def submit(
             qos=spec.qos,
             priority=QOS_PRIORITY[spec.qos],
             state="PD",
-            spec=stored,
+            spec=spec,  # as submitted (frozen: an array's tasks share it); `team` decided
             submit_time=now,
             array_job_id=first if spec.array else None,
             array_task_id=index,

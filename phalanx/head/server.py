@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from phalanx.head import auth, db, leader, store
 from phalanx.head.app import create_app
 from phalanx.head.control import ControlThread
+from phalanx.head.http import JoinedWritesProtocol
 from phalanx.head.migrate import upgrade
 from phalanx.head.mirror import Settings
 from phalanx.head.service import Head
@@ -125,6 +126,7 @@ def serve(
         proxy_headers=False,  # the head is addressed directly; no X-Forwarded-* to trust
         server_header=False,
         timeout_graceful_shutdown=3,
+        http=JoinedWritesProtocol,  # an answer's header and body in one send
     )
     server = uvicorn.Server(config)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
+import operator
 import sqlite3
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -47,9 +49,10 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) 
         conn.exec_driver_sql(prefix + group, [tuple(row[c] for c in columns) for row in rows])
         return
     per = max(1, min(ROWS_PER_INSERT, _sqlite_max_parameters(conn) // len(columns)))
+    values = operator.itemgetter(*columns)  # a row's values in column order, in C
     for start in range(0, len(rows), per):
         chunk = rows[start : start + per]
-        params = tuple(row[c] for row in chunk for c in columns)
+        params = tuple(itertools.chain.from_iterable(map(values, chunk)))
         conn.exec_driver_sql(prefix + ", ".join([group] * len(chunk)), params)
 
 
