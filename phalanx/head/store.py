@@ -7,7 +7,7 @@ import itertools
 import json
 import operator
 import sqlite3
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Dialect, Table, bindparam, delete, func, insert, select, update
@@ -49,11 +49,19 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) 
         conn.exec_driver_sql(prefix + group, [tuple(row[c] for c in columns) for row in rows])
         return
     per = max(1, min(ROWS_PER_INSERT, _sqlite_max_parameters(conn) // len(columns)))
-    values = operator.itemgetter(*columns)  # a row's values in column order, in C
+    values = _values_of(columns)
     for start in range(0, len(rows), per):
         chunk = rows[start : start + per]
         params = tuple(itertools.chain.from_iterable(map(values, chunk)))
         conn.exec_driver_sql(prefix + ", ".join([group] * len(chunk)), params)
+
+
+def _values_of(columns: tuple[str, ...]) -> Callable[[dict[str, Any]], tuple[Any, ...]]:
+    """A row's values in column order, as a tuple (gathered in C: itemgetter)."""
+    get = operator.itemgetter(*columns)
+    if len(columns) > 1:
+        return get
+    return lambda row: (get(row),)  # itemgetter of one key gives the value itself
 
 
 def _sqlite_max_parameters(conn: Connection) -> int:

@@ -12,7 +12,7 @@ from typing import Any
 import uvicorn
 from uvicorn.server import ServerState
 
-from phalanx.head.http import JoinedWritesProtocol
+from phalanx.head.http import JOIN_LIMIT, JoinedWritesProtocol
 
 
 class Recorder(asyncio.Transport):
@@ -34,6 +34,9 @@ class Recorder(asyncio.Transport):
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return {"sockname": ("127.0.0.1", 1), "peername": ("127.0.0.1", 2)}.get(name, default)
 
+    def get_write_buffer_size(self) -> int:
+        return 0
+
     def pause_reading(self) -> None:
         pass
 
@@ -41,9 +44,20 @@ class Recorder(asyncio.Transport):
         pass
 
 
+BIG_CHUNK = 40 * 1024
+
+
 async def app(scope: Any, receive: Any, send: Any) -> None:
-    """/ answers `ok` in two messages; /stream sends three chunks a few ms apart."""
+    """/ answers `ok` in two messages; /stream sends three chunks a few ms apart; /big
+    sends five 40 KiB chunks without yielding to the event loop."""
     await receive()
+    if scope["path"] == "/big":
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for k in range(5):
+            part = bytes([65 + k]) * BIG_CHUNK
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
     if scope["path"] == "/stream":
         await send({"type": "http.response.start", "status": 200, "headers": []})
         for part in (b"a", b"b", b"c"):
@@ -85,6 +99,19 @@ def test_close_comes_after_the_answer() -> None:
     assert calls[0][1].endswith(b"ok")
 
 
+def test_pipelined_requests_get_their_answers_in_order() -> None:
+    calls = asyncio.run(exchange(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n" * 3, settle_s=0.05))
+    data = b"".join(d for kind, d in calls if kind == "write")
+    assert data.count(b"HTTP/1.1 200 OK\r\n") == 3 and data.count(b"\r\n\r\nok") == 3
+    assert data.endswith(b"ok")
+
+
+def test_a_malformed_request_gets_its_400_before_the_close() -> None:
+    calls = asyncio.run(exchange(b"NOT HTTP AT ALL\r\n\r\n"))
+    assert calls[0][0] == "write" and calls[0][1].startswith(b"HTTP/1.1 400 ")
+    assert {kind for kind, _ in calls[1:]} == {"close"}
+
+
 def test_a_streamed_answer_is_not_held_back() -> None:
     """Chunks sent in different passes of the loop go out as they come."""
     calls = asyncio.run(exchange(b"GET /stream HTTP/1.1\r\nHost: h\r\n\r\n", settle_s=0.1))
@@ -92,6 +119,47 @@ def test_a_streamed_answer_is_not_held_back() -> None:
     assert len(writes) == 4  # header + chunk a; chunk b; chunk c; the last chunk
     assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n") and writes[0].endswith(b"1\r\na\r\n")
     assert writes[1:] == [b"1\r\nb\r\n", b"1\r\nc\r\n", b"0\r\n\r\n"]
+
+
+def test_a_large_answer_goes_out_as_it_is_written() -> None:
+    """Past JOIN_LIMIT the writes are not held back to the end of the pass: a large answer
+    keeps the transport's flow control and is never joined whole."""
+    calls = asyncio.run(exchange(b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n"))
+    writes = [data for kind, data in calls if kind == "write"]
+    assert len(writes) >= 3
+    assert all(len(w) < JOIN_LIMIT + BIG_CHUNK + 100 for w in writes)
+    body = b"".join(writes).partition(b"\r\n\r\n")[2]
+    expected = b"".join(
+        b"%x\r\n" % BIG_CHUNK + bytes([65 + k]) * BIG_CHUNK + b"\r\n" for k in range(5)
+    )
+    assert body == expected + b"0\r\n\r\n"
+
+
+def test_an_answer_written_as_the_client_half_closes_still_goes_out() -> None:
+    """The client sends its request and shuts its side (`nc -N`): the event loop closes the
+    transport right after eof_received, so the answer written in that pass goes out first."""
+
+    async def run() -> list[tuple[str, bytes]]:
+        config = uvicorn.Config(app, http=JoinedWritesProtocol, lifespan="off")
+        config.load()
+        protocol = JoinedWritesProtocol(config, ServerState(), {}, asyncio.get_running_loop())
+        transport = Recorder()
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        for _ in range(20):  # until the answer is written, and not yet flushed
+            if protocol.transport.get_write_buffer_size():
+                break
+            await asyncio.sleep(0)
+        assert protocol.transport.get_write_buffer_size(), "no answer held in this pass"
+        protocol.eof_received()  # it returns None: the event loop then closes the transport
+        transport.close()
+        await asyncio.sleep(0.01)
+        protocol.connection_lost(None)
+        return transport.calls
+
+    calls = asyncio.run(run())
+    assert calls[0][0] == "write" and calls[0][1].endswith(b"\r\n\r\nok")
+    assert calls[1][0] == "close"
 
 
 def test_keep_alive_over_a_real_socket() -> None:

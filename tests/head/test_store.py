@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Column, Engine, MetaData, String, Table, select
 
 from phalanx.head import db, store
 from phalanx.head.control import ControlThread
@@ -122,3 +122,15 @@ def test_the_control_thread_gives_its_connection_back_once_the_queue_runs_dry(
     finally:
         control.stop()
         engine.dispose()
+
+
+def test_a_one_column_table_gets_its_values_whole(engine: Engine) -> None:
+    """One column: each row's value goes in as itself (a string is not split into
+    characters), across several statements."""
+    table = Table("one_column", MetaData(), Column("name", String(40)))
+    table.create(engine)
+    names = [f"node-{i}" for i in range(store.ROWS_PER_INSERT + 2)]
+    with engine.begin() as conn:
+        store.insert_rows(conn, table, [{"name": n} for n in names])
+    with engine.connect() as conn:
+        assert sorted(r.name for r in conn.execute(select(table.c.name))) == sorted(names)
