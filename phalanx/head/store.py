@@ -45,11 +45,11 @@ def insert_rows(conn: Connection, table: Table, rows: Sequence[dict[str, Any]]) 
         return
     columns = tuple(rows[0])
     prefix, group = _insert_text(conn.dialect, table.name, columns)
+    values = _values_of(columns)
     if conn.dialect.paramstyle != "qmark":
-        conn.exec_driver_sql(prefix + group, [tuple(row[c] for c in columns) for row in rows])
+        conn.exec_driver_sql(prefix + group, list(map(values, rows)))
         return
     per = max(1, min(ROWS_PER_INSERT, _sqlite_max_parameters(conn) // len(columns)))
-    values = _values_of(columns)
     for start in range(0, len(rows), per):
         chunk = rows[start : start + per]
         params = tuple(itertools.chain.from_iterable(map(values, chunk)))
