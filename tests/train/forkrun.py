@@ -60,6 +60,8 @@ def main() -> None:
     world, port = int(spec["world"]), int(spec["port"])
     argv = [str(a) for a in spec["argv"]]
     env = {str(k): str(v) for k, v in spec["env"].items()}
+    for log in spec["logs"]:  # they exist once `pids` does: callers may read them at once
+        Path(log).touch()
     pids = []
     for rank in range(world):
         pid = os.fork()
