@@ -49,7 +49,7 @@ class JoinedWrites:
 
     def flush(self) -> None:
         if self._pending:
-            data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+            data = b"".join(self._pending)  # one piece: that piece itself, not a copy
             self._pending = []
             self._size = 0
             if not self._transport.is_closing():
