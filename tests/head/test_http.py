@@ -13,6 +13,7 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from phalanx.head.http import JOIN_LIMIT, JoinedWritesProtocol
+from phalanx.local.cluster import free_port
 
 
 class Recorder(asyncio.Transport):
@@ -70,13 +71,20 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-async def exchange(request: bytes, settle_s: float = 0.0) -> list[tuple[str, bytes]]:
+def connect(request: bytes) -> tuple[JoinedWritesProtocol, Recorder]:
+    """A protocol on a recording transport that has just received `request` (call from a
+    running event loop)."""
     config = uvicorn.Config(app, http=JoinedWritesProtocol, lifespan="off")
     config.load()
     protocol = JoinedWritesProtocol(config, ServerState(), {}, asyncio.get_running_loop())
     transport = Recorder()
     protocol.connection_made(transport)
     protocol.data_received(request)
+    return protocol, transport
+
+
+async def exchange(request: bytes, settle_s: float = 0.0) -> list[tuple[str, bytes]]:
+    protocol, transport = connect(request)
     for _ in range(20):
         await asyncio.sleep(0)
     await asyncio.sleep(settle_s)
@@ -140,12 +148,7 @@ def test_an_answer_written_as_the_client_half_closes_still_goes_out() -> None:
     transport right after eof_received, so the answer written in that pass goes out first."""
 
     async def run() -> list[tuple[str, bytes]]:
-        config = uvicorn.Config(app, http=JoinedWritesProtocol, lifespan="off")
-        config.load()
-        protocol = JoinedWritesProtocol(config, ServerState(), {}, asyncio.get_running_loop())
-        transport = Recorder()
-        protocol.connection_made(transport)
-        protocol.data_received(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
+        protocol, transport = connect(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n")
         for _ in range(20):  # until the answer is written, and not yet flushed
             if protocol.transport.get_write_buffer_size():
                 break
@@ -164,9 +167,7 @@ def test_an_answer_written_as_the_client_half_closes_still_goes_out() -> None:
 
 def test_keep_alive_over_a_real_socket() -> None:
     """Several requests on one connection of a real server get whole, ordered answers."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, http=JoinedWritesProtocol, lifespan="off")
     )

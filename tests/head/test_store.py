@@ -7,6 +7,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,10 +27,25 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
         url = pg.new_database(f"store_{request.node.name.split('[')[0][-40:]}")
     else:
         url = db.default_url(tmp_path)
+    with _migrated(url) as engine:
+        yield engine
+
+
+@pytest.fixture
+def sqlite_engine(tmp_path: Path) -> Iterator[Engine]:
+    with _migrated(db.default_url(tmp_path)) as engine:
+        yield engine
+
+
+@contextmanager
+def _migrated(url: str) -> Iterator[Engine]:
+    """An engine on `url` with the head's schema."""
     engine = db.make_engine(url)
-    upgrade(engine)
-    yield engine
-    engine.dispose()
+    try:
+        upgrade(engine)
+        yield engine
+    finally:
+        engine.dispose()
 
 
 def test_rows_past_one_statement_are_all_stored_in_order_with_their_values(
@@ -71,11 +87,10 @@ def test_a_failing_multi_row_insert_stores_none_of_its_rows(engine: Engine) -> N
         assert conn.execute(select(db.events.c.id)).all() == []
 
 
-def test_sqlite_statements_stay_within_the_builds_parameter_limit(tmp_path: Path) -> None:
+def test_sqlite_statements_stay_within_the_builds_parameter_limit(sqlite_engine: Engine) -> None:
     """Older SQLite builds allow 999 parameters per statement, not 32,766: the rows per
     statement follow the connection's own limit (here 12: two 5-column rows)."""
-    engine = db.make_engine(db.default_url(tmp_path))
-    upgrade(engine)
+    engine = sqlite_engine
     rows = [
         {"time": float(i), "kind": "k", "message": str(i), "job_id": i, "node": None}
         for i in range(7)
@@ -88,16 +103,14 @@ def test_sqlite_statements_stay_within_the_builds_parameter_limit(tmp_path: Path
     with engine.connect() as conn:
         stored = conn.execute(select(db.events.c.job_id).order_by(db.events.c.id)).scalars()
         assert list(stored) == list(range(7))
-    engine.dispose()
 
 
 def test_the_control_thread_gives_its_connection_back_once_the_queue_runs_dry(
-    tmp_path: Path,
+    sqlite_engine: Engine,
 ) -> None:
     """A connection kept for a waiting batch goes back to the pool (where it is pinged
     before reuse) even when that batch wrote nothing."""
-    engine = db.make_engine(db.default_url(tmp_path))
-    upgrade(engine)
+    engine = sqlite_engine
     control = ControlThread(engine, Settings())
     control.start()
     try:
@@ -121,7 +134,6 @@ def test_the_control_thread_gives_its_connection_back_once_the_queue_runs_dry(
         assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     finally:
         control.stop()
-        engine.dispose()
 
 
 def test_a_one_column_table_gets_its_values_whole(engine: Engine) -> None:
