@@ -356,6 +356,10 @@ class Assignment(Wire):
     preempt_signal: SignalName  # PHALANX_PREEMPT_SIGNAL
     preempt_grace_s: float  # PHALANX_PREEMPT_DEADLINE: seconds from a notice to the kill
     notices: list[Notice] = []
+    # The Unix account the job runs as on the node (docs/security.md): `user` by name
+    # unless an admin set a uid (and gid) for that user.
+    uid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
+    gid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
 
 
 class DesiredState(Wire):
@@ -381,6 +385,17 @@ class UserCreate(Wire):
     teams: list[Name] = []
     team_admin_of: list[Name] = []
     default_team: Name | None = None
+    # The Unix account on the nodes (docs/security.md); None: the account named `name`.
+    uid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
+    gid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
+
+
+class UserUpdate(Wire):
+    """`phalanx admin user set`: map a user to a Unix uid/gid (`clear`: back to by name)."""
+
+    uid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
+    gid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
+    clear: bool = False
 
 
 class UserInfo(Wire):
@@ -389,6 +404,8 @@ class UserInfo(Wire):
     teams: list[str]
     team_admin_of: list[str]
     default_team: str | None
+    uid: int | None = None
+    gid: int | None = None
 
 
 class UserList(Wire):

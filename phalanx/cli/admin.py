@@ -22,6 +22,21 @@ admin.add_typer(token_app, name="token")
 admin.add_typer(join_app, name="join-token")
 admin.add_typer(team_app, name="team", no_args_is_help=True)
 
+UidOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--uid",
+        min=0,
+        max=2**31 - 1,
+        help="Unix uid the user's jobs run as on the nodes (default: the account named "
+        "like the user).",
+    ),
+]
+GidOpt = Annotated[
+    int | None,
+    typer.Option("--gid", min=0, max=2**31 - 1, help="Primary Unix gid (default: the uid's own)."),
+]
+
 
 def whoami(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt = None) -> None:
     """Who the token belongs to: user, role and teams."""
@@ -51,11 +66,13 @@ def user_add(
     default_team: Annotated[
         str | None, typer.Option(help="Team for jobs without -p (default: the first --team).")
     ] = None,
+    uid: UidOpt = None,
+    gid: GidOpt = None,
     json_out: JsonOpt = False,
     head: HeadOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Create a user."""
+    """Create a user (its jobs run as the Unix account of the same name, or --uid)."""
     from pydantic import ValidationError
 
     from phalanx.api.models import UserCreate
@@ -68,6 +85,8 @@ def user_add(
             teams=teams,
             team_admin_of=list(team_admin or []),
             default_team=default_team or (teams[0] if teams else None),
+            uid=uid,
+            gid=gid,
         )
     except ValidationError as exc:
         fail(_first_error(exc))
@@ -91,7 +110,7 @@ def user_list(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt =
         print_json(users)
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("NAME", "ADMIN", "TEAMS", "TEAM-ADMIN", "DEFAULT-TEAM"):
+    for column in ("NAME", "ADMIN", "TEAMS", "TEAM-ADMIN", "DEFAULT-TEAM", "UNIX"):
         table.add_column(column)
     for u in users.users:
         table.add_row(
@@ -100,8 +119,46 @@ def user_list(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt =
             ",".join(u.teams),
             ",".join(u.team_admin_of),
             u.default_team or "",
+            _unix(u.uid, u.gid),
         )
     console().print(table)
+
+
+def _unix(uid: int | None, gid: int | None) -> str:
+    """How a user maps to a Unix account: `uid:gid`, `uid`, or `by name`."""
+    if uid is None:
+        return "by name"
+    return f"{uid}:{gid}" if gid is not None else str(uid)
+
+
+@user_app.command("set")
+def user_set(
+    name: Annotated[str, typer.Argument(help="User name.", show_default=False)],
+    uid: UidOpt = None,
+    gid: GidOpt = None,
+    by_name: Annotated[
+        bool,
+        typer.Option(
+            "--by-name", help="Forget the uid/gid: map to the account named like the user."
+        ),
+    ] = False,
+    json_out: JsonOpt = False,
+    head: HeadOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Map a user to a Unix account on the nodes (jobs started from now on run as it)."""
+    from phalanx.api.models import UserUpdate
+
+    if by_name == (uid is not None):
+        fail("give --uid N [--gid N], or --by-name")
+    if by_name and gid is not None:
+        fail("--gid goes with --uid, not --by-name")
+    with connect(head, token) as client:
+        info = client.set_user(name, UserUpdate(uid=uid, gid=gid, clear=by_name))
+    if json_out:
+        print_json(info)
+    else:
+        typer.echo(f"user {info.name}: jobs run as Unix account {_unix(info.uid, info.gid)}")
 
 
 @token_app.command("create")

@@ -66,6 +66,14 @@ def head(
             "(its own --hang-timeout wins; 0: off).",
         ),
     ] = 600.0,
+    users_map_to_self: Annotated[
+        bool,
+        typer.Option(
+            "--users-map-to-self",
+            help="A personal cluster: users without an explicit --uid run their jobs as the "
+            "head's own Unix account, not the account named like them (`phalanx up`).",
+        ),
+    ] = False,
 ) -> None:
     """Run the head: REST API, scheduler and state (blocks; Ctrl-C stops it)."""
     from phalanx.head.mirror import Settings
@@ -80,6 +88,7 @@ def head(
         kill_grace_s=kill_grace,
         preempt_grace_s=preempt_grace,
         hang_timeout_s=hang_timeout,
+        users_map_to_self=users_map_to_self,
     )
     try:
         state_dir.mkdir(parents=True, exist_ok=True)

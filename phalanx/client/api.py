@@ -37,6 +37,7 @@ from phalanx.api.models import (
     UserCreate,
     UserInfo,
     UserList,
+    UserUpdate,
     WhoAmI,
 )
 
@@ -331,6 +332,10 @@ class PhalanxClient:
     def create_user(self, user: UserCreate) -> UserInfo:
         """Create a user (admin)."""
         return self._call(UserInfo, "POST", "/v1/users", body=user)
+
+    def set_user(self, name: str, update: UserUpdate) -> UserInfo:
+        """Map a user to a Unix uid/gid, or back to the account with its name (admin)."""
+        return self._call(UserInfo, "PATCH", f"/v1/users/{quote(name, safe='')}", body=update)
 
     def create_token(self, user: str, description: str = "") -> TokenIssued:
         """Issue an API token for `user`; the secret is in the answer only."""

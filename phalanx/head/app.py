@@ -475,6 +475,10 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     def add_user(body: m.UserCreate, who: Admin) -> m.UserInfo:
         return head.add_user(body)
 
+    @app.patch("/v1/users/{name}", response_model=m.UserInfo, responses=NOT_FOUND)
+    def set_user(name: str, body: m.UserUpdate, who: Admin) -> m.UserInfo:
+        return head.set_user(name, body)
+
     @app.post("/v1/tokens", status_code=201, response_model=m.TokenIssued, responses=NOT_FOUND)
     def create_token(body: m.TokenCreate, who: User) -> m.TokenIssued:
         if not who.admin and body.user != who.user:

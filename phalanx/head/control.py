@@ -80,6 +80,7 @@ class ControlThread:
                 m.nodes[known.name] = known
             for team in store.all_teams(conn):
                 m.teams[team.name] = _core_team(team)
+            m.unix_accounts = store.unix_accounts(conn)
             for rec in store.live_jobs(conn):
                 m.jobs[rec.id] = rec
                 for node, _ in rec.placement:

@@ -34,6 +34,8 @@ users = Table(
     Column("admin", Boolean, nullable=False, default=False),
     Column("default_team", String(128), nullable=True),
     Column("created", Float, nullable=False),
+    Column("unix_uid", Integer, nullable=True),  # None: the Unix account named like the user
+    Column("unix_gid", Integer, nullable=True),  # None: that account's primary group
 )
 
 teams = Table(

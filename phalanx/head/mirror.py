@@ -29,6 +29,9 @@ class Settings:
     hang_timeout_s: float = 600.0  # no progress report for this long → restart (0: off)
     tick_s: float = 0.5
     public_url: str = ""
+    # A personal cluster (`phalanx up`): users without an explicit uid run as the head's
+    # own Unix account rather than the account with their name (docs/security.md).
+    users_map_to_self: bool = False
 
 
 @dataclass(slots=True)
@@ -44,6 +47,7 @@ class Mirror:
     decisions: Decisions | None = None  # the last cycle's, for pending reasons
     core_dirty: bool = True
     node_failures: dict[str, list[float]] = field(default_factory=dict)  # node → when
+    unix_accounts: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     next_job_id: int = 1
     version: int = 0
 

@@ -95,6 +95,7 @@ def serve(
     url = f"http://{host}:{port}"
     settings = replace(settings or Settings(), public_url=url)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(state_dir, 0o700)  # tokens and the database: no job may read them
     database = db_url or db.default_url(state_dir)
     election: leader.Election | None = None
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -340,7 +341,17 @@ class Head:
                 else float(spec.preempt_grace_s)
             ),
             notices=list(rec.notices),
+            **self._unix_account(rec.user),
         )
+
+    def _unix_account(self, user: str) -> dict[str, int | None]:
+        """The uid/gid an admin mapped `user` to; on a personal cluster (`phalanx up`) an
+        unmapped user runs as the head's own account; otherwise none (the node looks the
+        account up by the user's name)."""
+        uid, gid = self.mirror.unix_accounts.get(user, (None, None))
+        if uid is None and self.mirror.settings.users_map_to_self:
+            uid, gid = os.getuid(), os.getgid()
+        return {"uid": uid, "gid": gid}
 
     # ------------------------------------------------------------------ admin
     def whoami(self, who: Principal) -> m.WhoAmI:
@@ -398,12 +409,38 @@ class Head:
                 teams.append(req.default_team)
             default = req.default_team or (teams[0] if teams else None)
             store.add_user(
-                tx.conn, req.name, req.admin, teams, req.team_admin_of, default, time.time()
+                tx.conn,
+                req.name,
+                req.admin,
+                teams,
+                req.team_admin_of,
+                default,
+                time.time(),
+                req.uid,
+                req.gid,
             )
+            self.mirror.unix_accounts[req.name] = (req.uid, req.gid)
 
         self.control.call(op)
         self.forget_principals()
         return self.users_by_name()[req.name]
+
+    def set_user(self, name: str, req: m.UserUpdate) -> m.UserInfo:
+        """Map a user to a Unix uid/gid (jobs started from now on run as it)."""
+        if req.clear and (req.uid is not None or req.gid is not None):
+            raise HeadError(422, "clear the mapping or set a uid/gid, not both")
+        if not req.clear and req.uid is None:
+            raise HeadError(422, "a Unix mapping needs a uid (--uid); --gid alone is not enough")
+
+        def op(tx: Tx) -> None:
+            if not store.user_exists(tx.conn, name):
+                raise HeadError(404, f"no user {name!r}")
+            uid, gid = (None, None) if req.clear else (req.uid, req.gid)
+            store.set_unix_account(tx.conn, name, uid, gid)
+            self.mirror.unix_accounts[name] = (uid, gid)
+
+        self.control.call(op)
+        return self.users_by_name()[name]
 
     def users_by_name(self) -> dict[str, m.UserInfo]:
         with self.control.engine.connect() as conn:

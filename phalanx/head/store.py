@@ -232,9 +232,18 @@ def add_user(
     admin_of: Sequence[str],
     default_team: str | None,
     now: float,
+    uid: int | None = None,
+    gid: int | None = None,
 ) -> None:
     conn.execute(
-        insert(db.users).values(name=name, admin=admin, default_team=default_team, created=now)
+        insert(db.users).values(
+            name=name,
+            admin=admin,
+            default_team=default_team,
+            created=now,
+            unix_uid=uid,
+            unix_gid=gid,
+        )
     )
     for team in dict.fromkeys([*teams, *admin_of]):
         conn.execute(
@@ -256,9 +265,22 @@ def users(conn: Connection) -> list[UserInfo]:
             teams=sorted(teams.get(r.name, [])),
             team_admin_of=sorted(admin_of.get(r.name, [])),
             default_team=r.default_team,
+            uid=r.unix_uid,
+            gid=r.unix_gid,
         )
         for r in conn.execute(select(db.users).order_by(db.users.c.name))
     ]
+
+
+def set_unix_account(conn: Connection, name: str, uid: int | None, gid: int | None) -> None:
+    """Map user `name` to a Unix uid/gid (None, None: to the account with its name)."""
+    conn.execute(update(db.users).where(db.users.c.name == name).values(unix_uid=uid, unix_gid=gid))
+
+
+def unix_accounts(conn: Connection) -> dict[str, tuple[int | None, int | None]]:
+    """Every user's (uid, gid) mapping, for the mirror."""
+    query = select(db.users.c.name, db.users.c.unix_uid, db.users.c.unix_gid)
+    return {r.name: (r.unix_uid, r.unix_gid) for r in conn.execute(query)}
 
 
 # ----------------------------------------------------------------------------- tokens

@@ -106,6 +106,7 @@ class LocalCluster:
         start_timeout_s: float = 60.0,
         head_args: Sequence[str] = (),
         agent_args: Sequence[str] = (),
+        users_map_to_self: bool = True,
     ) -> None:
         if nodes < 1 or nodes > 253:
             raise ClusterError(f"nodes must be between 1 and 253 (got {nodes})")
@@ -120,6 +121,9 @@ class LocalCluster:
         self.start_timeout_s = start_timeout_s
         self.head_args = list(head_args)  # extra `phalanx head` flags (e.g. --lease 3)
         self.agent_args = list(agent_args)  # extra `phalanx agent` flags
+        # A personal cluster: every user's jobs run as this process's Unix account (False:
+        # as the account named like the user, as on a shared cluster; docs/security.md).
+        self.users_map_to_self = users_map_to_self
         self.addresses = [f"127.0.0.{i + 2}" for i in range(nodes)]
         self._head: _Proc | None = None
         self._agents: list[_Proc] = []
@@ -206,6 +210,8 @@ class LocalCluster:
     def _start_head(self, deadline: float) -> None:
         argv = [*self._phalanx(), "head", "--state-dir", str(self.head_dir)]
         argv += ["--host", "127.0.0.1", "--port", str(self.port), *self.head_args]
+        if self.users_map_to_self:
+            argv.append("--users-map-to-self")
         if self.db_url:
             argv += ["--db", self.db_url]
         head_log = self.log_dir / "head.log"
