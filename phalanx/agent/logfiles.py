@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -56,20 +59,65 @@ class Chunk:
     eof: bool
 
 
-def read_chunk(path: Path, offset: int, *, ended: bool, limit: int = MAX_CHUNK) -> Chunk:
+def open_owned(path: Path, owner: int) -> int:
+    """Open `path` for reading as a job's file: no symbolic link anywhere on the way (each
+    component is opened relative to the last, O_NOFOLLOW), a regular file, owned by uid
+    `owner`. A job cannot point the agent, reading as root, at another user's file, a
+    device or the agent's own state. Raises OSError otherwise."""
+    if not path.is_absolute():
+        raise OSError(errno.EINVAL, f"{path} is not absolute")
+    parts = [p for p in path.parts[1:] if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise OSError(errno.EINVAL, f"{path}: not a plain path")
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open("/", dir_flags)
+    try:
+        for name in parts[:-1]:
+            nxt = os.open(name, dir_flags, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+        file_fd = os.open(parts[-1], flags, dir_fd=fd)
+    finally:
+        os.close(fd)
+    st = os.fstat(file_fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
+        os.close(file_fd)
+        raise OSError(errno.EPERM, f"{path} is not a regular file of uid {owner}")
+    return file_fd
+
+
+def readable_by_owner(path: Path, owner: int) -> bool:
+    """Whether `open_owned(path, owner)` succeeds now."""
+    try:
+        os.close(open_owned(path, owner))
+    except OSError:
+        return False
+    return True
+
+
+def read_chunk(
+    path: Path, offset: int, *, ended: bool, limit: int = MAX_CHUNK, owner: int | None = None
+) -> Chunk:
     """Read at most `limit` bytes of `path` from `offset`.
 
     A UTF-8 character cut by the end of the read is left for the next call (unless the
     writer has ended), so a reader that follows `next_offset` never sees a broken
-    character. A missing file reads as empty.
+    character. A missing file reads as empty. With `owner` (a job running as another
+    user), the file is opened as `open_owned` does; one that is not reads as empty.
     """
     offset = max(offset, 0)
     try:
-        with open(path, "rb") as f:
+        fd = open_owned(path, owner) if owner is not None else os.open(path, os.O_RDONLY)
+        with os.fdopen(fd, "rb") as f:
             size = f.seek(0, 2)
             f.seek(min(offset, size))
             raw = f.read(limit)
     except FileNotFoundError:
+        size, raw = 0, b""
+    except OSError:
+        if owner is None:
+            raise
         size, raw = 0, b""
     start = min(offset, size)
     at_end = start + len(raw) >= size

@@ -24,6 +24,7 @@ from .gpus import FakeProvider, GpuError, GpuProvider, detect
 from .guard import start_guard, stop_guard
 from .headlink import HeadLink, JoinRefused
 from .health import EVENTS_FILE, EventQueue, HealthMonitor, check_problem
+from .identity import sane_env
 from .processes import ProcessManager
 from .reconcile import LaunchContext, Reconciler
 from .server import create_app
@@ -91,12 +92,20 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
     def notify(*_: object) -> None:
         loop.call_soon_threadsafe(changed.set)
 
+    # Everything the agent writes is its own unless it says otherwise (jobs' files are
+    # created for their user): no job reads the agent's records or credentials.
+    os.umask(0o077)
     state_dir = cfg.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Jobs pass through to their own files (srun shims, batch script, step counter) by
+    # exact path; nothing here can be listed, and the rest is mode 0700/0600.
+    state_dir.chmod(0o711)
     agent_secret = secrets.token_urlsafe(32)
     keep_out: set[str] = {cfg.token, agent_secret}  # the node token joins once issued
+    # A job never inherits the agent's environment: a standard PATH and locale, then its
+    # user's login variables, its own exported ones and the agent's (env.py).
     ctx = LaunchContext(
-        state_dir=state_dir, base_env=dict(os.environ), head_url=cfg.head_url, secrets=keep_out
+        state_dir=state_dir, base_env=sane_env(), head_url=cfg.head_url, secrets=keep_out
     )
     procs = ProcessManager(on_change=notify)
     steps = StepManager(ctx, procs)

@@ -6,6 +6,7 @@ import errno
 import logging
 import os
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -13,7 +14,34 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .identity import JOB_UMASK, RunAs
+
 log = logging.getLogger(__name__)
+
+# Starts a job process that runs as another user: already that user (Popen drops the
+# privileges before exec), it enters the working directory and opens its -o/-e files
+# itself, so it can reach only what that user may. Arguments: WORKDIR OUT ERR -- ARGV…
+# (OUT/ERR empty: keep the file the agent opened; ERR "=": join stdout).
+_AS_USER = r"""
+fail() { code=$1; shift; printf 'phalanx-agent: %s\n' "$*" >&2; exit "$code"; }
+me=$(id -un 2>/dev/null || id -u)
+why="(no such directory, or no permission)"
+cd -- "$1" 2>/dev/null ||
+  fail 1 "working directory $1 does not exist on this node or user $me may not enter it"
+if [ -n "$2" ]; then
+  { : >>"$2"; } 2>/dev/null || fail 1 "cannot open output file $2 as user $me $why"
+  exec >>"$2"
+fi
+if [ "$3" = "=" ]; then exec 2>&1
+elif [ -n "$3" ]; then
+  { : >>"$3"; } 2>/dev/null || fail 1 "cannot open error file $3 as user $me $why"
+  exec 2>>"$3"
+fi
+shift 4
+command -v -- "$1" >/dev/null 2>&1 || fail 127 "$1: command not found"
+exec "$@"
+"""
+SHELL = "/bin/sh"
 
 _FENCED = "not started: this node lost contact with the head (fenced)"
 
@@ -36,6 +64,10 @@ class ProcState:
     stdout: Path
     stderr: Path
     lost: bool = False  # ended by the agent (fenced, or lost in an agent restart), not the job
+    # The -o/-e files the process opened itself (as its user), when it did; stdout/stderr
+    # are then the agent's files, which hold what happened before (e.g. why it failed).
+    outputs: tuple[Path, Path] | None = None
+    uid: int | None = None  # the user it runs as; None: the agent's own
 
     @property
     def shell_code(self) -> int | None:
@@ -54,8 +86,12 @@ class _Proc:
         stdout: Path,
         stderr: Path,
         owner: Hashable = None,
+        outputs: tuple[Path, Path] | None = None,
+        uid: int | None = None,
     ) -> None:
         self.popen = popen
+        self.outputs = outputs
+        self.uid = uid
         self.owner = owner
         self.started_at = time.time()
         self.ended_at: float | None = None
@@ -77,6 +113,8 @@ class _Proc:
             stdout=self.stdout,
             stderr=self.stderr,
             lost=self.lost,
+            outputs=self.outputs,
+            uid=self.uid,
         )
 
 
@@ -106,12 +144,21 @@ class ProcessManager:
         stdout: Path,
         stderr: Path,
         owner: Hashable = None,
+        run_as: RunAs | None = None,
+        outputs: tuple[Path | None, Path | None] = (None, None),
     ) -> ProcState:
         """Start `argv` in `cwd` with exactly `env`, appending output to the two files
         (one file when both paths are equal). A process that cannot start (missing cwd,
         command not found) is recorded as ended with a shell-like exit code and a
         message in its stderr file; this never raises for the job's own faults. While
-        fenced, nothing starts: the process is recorded as lost (killed by SIGKILL)."""
+        fenced, nothing starts: the process is recorded as lost (killed by SIGKILL).
+
+        `run_as` other than the agent's own identity (a root agent): the process runs as
+        that user (groups, umask 077); it enters `cwd` and opens `outputs` (-o/-e paths,
+        stderr None: joins stdout when -o is given) itself, with that user's rights; the
+        agent's `stdout`/`stderr` files (which it creates owned by the user) get the rest."""
+        if run_as is not None and run_as.switches:
+            return self._start_as(key, argv, env, cwd, stdout, stderr, owner, run_as, outputs)
         if key in self._procs:
             raise ValueError(f"process {key!r} already exists")
         if self._fenced:
@@ -153,6 +200,82 @@ class ProcessManager:
         with self._lock:
             self._procs[key] = proc
             if self._fenced:  # fenced while it started: fence() did not see it
+                proc.lost = True
+                _signal_group(popen.pid, signal.SIGKILL)
+        threading.Thread(
+            target=self._watch, args=(key, proc), name=f"watch-{popen.pid}", daemon=True
+        ).start()
+        return started
+
+    def _start_as(
+        self,
+        key: Hashable,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        cwd: str,
+        stdout: Path,
+        stderr: Path,
+        owner: Hashable,
+        run_as: RunAs,
+        outputs: tuple[Path | None, Path | None],
+    ) -> ProcState:
+        if key in self._procs:
+            raise ValueError(f"process {key!r} already exists")
+        if self._fenced:
+            return self.fail(
+                key, _FENCED, code=None, signal=9, stdout=stdout, stderr=stderr, lost=True
+            )
+        out_path, err_path = outputs
+        err_arg = str(err_path) if err_path is not None else ("=" if out_path else "")
+        wrapper = [SHELL, "-c", _AS_USER, "phalanx-launch", cwd, str(out_path or ""), err_arg]
+        try:
+            out = open_job_file(stdout, run_as)
+        except OSError as e:
+            return self.fail(
+                key, f"cannot open {stdout}: {e}", code=1, stdout=stdout, stderr=stderr
+            )
+        try:
+            err = out if stderr == stdout else open_job_file(stderr, run_as)
+        except OSError as e:
+            os.close(out)
+            return self.fail(
+                key, f"cannot open {stderr}: {e}", code=1, stdout=stdout, stderr=stderr
+            )
+        try:
+            popen = subprocess.Popen(
+                [*wrapper, "--", *argv],
+                env=dict(env),
+                cwd="/",  # the wrapper enters the job's directory as the user
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                close_fds=True,
+                user=run_as.uid,
+                group=run_as.gid,
+                extra_groups=list(run_as.groups),
+                umask=JOB_UMASK,
+            )
+        except OSError as e:
+            msg = f"cannot start {argv[0] if argv else 'the job'} as uid {run_as.uid}: {e}"
+            return self.fail(key, msg, code=EXIT_CANNOT_START, stdout=stdout, stderr=stderr)
+        finally:
+            os.close(out)
+            if err != out:
+                os.close(err)
+        shown = None
+        if out_path is not None or err_path is not None:
+            shown = (
+                _absolute(out_path, cwd) if out_path else stdout,
+                _absolute(err_path, cwd)
+                if err_path
+                else (_absolute(out_path, cwd) if out_path else stderr),
+            )
+        proc = _Proc(popen, stdout, stderr, owner, outputs=shown, uid=run_as.uid)
+        started = proc.state()
+        with self._lock:
+            self._procs[key] = proc
+            if self._fenced:
                 proc.lost = True
                 _signal_group(popen.pid, signal.SIGKILL)
         threading.Thread(
@@ -306,6 +429,37 @@ class ProcessManager:
         for p in procs:
             if p.popen is not None:
                 p.popen.wait()
+
+
+def _absolute(path: Path, cwd: str) -> Path:
+    return path if path.is_absolute() else Path(cwd) / path
+
+
+def open_job_file(path: Path, run_as: RunAs | None) -> int:
+    """Open (create) one of the agent's log files of a job for appending: never through a
+    symlink, only a regular file, and owned by the job's user (created so, or already
+    theirs). The directories holding them are the agent's, so the user cannot swap them."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        created = True
+    except FileExistsError:
+        fd = os.open(path, flags)
+        created = False
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        if run_as is not None and run_as.switches:
+            if created:
+                os.fchown(fd, run_as.uid, run_as.gid)
+            elif st.st_uid != run_as.uid:
+                raise OSError(errno.EPERM, f"{path} belongs to uid {st.st_uid}")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def live_groups() -> set[int]:

@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import socket
+import subprocess
 import threading
 from collections.abc import Callable, Collection, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -15,9 +16,10 @@ from pathlib import Path
 from phalanx.api.models import Assignment, DesiredState, ProcessStatus
 from phalanx.jobspec import expand_pattern
 
-from . import leftovers, logfiles, notices
+from . import identity, leftovers, logfiles, notices
 from .env import global_rank, job_env, local_ranks
-from .processes import EXIT_CANNOT_START, ProcessManager, ProcState
+from .identity import JOB_UMASK, RunAs
+from .processes import EXIT_CANNOT_START, SHELL, ProcessManager, ProcState, open_job_file
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +57,38 @@ class LaunchContext:
         return self.state_dir / "bin"
 
     def job_dir(self, job_id: int, epoch: int) -> Path:
-        """Per-launch private files: the batch script, srun's step counter."""
+        """Per-launch files: the batch script, srun's step counter (the job's), the launch
+        marker, process groups and notices (the agent's, unreadable to the job)."""
         return self.state_dir / "jobs" / str(job_id) / f"e{epoch}"
+
+    def open_job_dir(self, job_id: int, epoch: int) -> Path:
+        """The job dir, created so the job's user can pass through to its own files in it
+        (mode 0711 from the state dir down: nothing in it can be listed)."""
+        d = self.job_dir(job_id, epoch)
+        d.mkdir(parents=True, exist_ok=True)
+        for p in (d, d.parent, d.parent.parent, self.state_dir):
+            p.chmod(0o711)
+        return d
+
+
+def run_as(a: Assignment) -> RunAs:
+    """Who the job runs as here (raises identity.Refused)."""
+    return identity.resolve(a.user, a.uid, a.gid)
+
+
+def launch_failed(e: identity.Refused) -> str:
+    return f"LaunchFailed: {e}"
+
+
+# Creates the job's -o/-e files fresh and its checkpoint directory, as the job's user, in
+# the job's working directory. Arguments: WORKDIR CHECKPOINT_DIR FILE…
+_PREPARE_AS_USER = r"""
+cd -- "$1" 2>/dev/null || exit 0
+[ -n "$2" ] && mkdir -p -- "$2" 2>/dev/null
+shift 2
+for f; do { : >"$f"; } 2>/dev/null; done
+exit 0
+"""
 
 
 class Reconciler:
@@ -182,24 +214,33 @@ class Reconciler:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(fingerprint)
         notices.forget(job_dir)  # a record left by another job with the same id and epoch
-        if a.checkpoint_dir:
-            with contextlib.suppress(OSError):  # the job reports it if it needs the directory
-                (Path(a.workdir) / a.checkpoint_dir).mkdir(parents=True, exist_ok=True)
         launch = _Launch(a)
         self._launches[key] = launch
-        argv, problem = self._argv(a)
-        self._prepare_outputs(a, [r for r, _ in ranks])
+        user: RunAs | None = None
+        try:
+            user = run_as(a)
+            argv, problem = self._argv(a, user)
+        except identity.Refused as e:
+            argv, problem = [], launch_failed(e)
+        if user is not None and user.switches:
+            self._prepare_as_user(a, user, [r for r, _ in ranks])
+        elif user is not None:
+            if a.checkpoint_dir:
+                with contextlib.suppress(OSError):  # the job reports it if it needs it
+                    (Path(a.workdir) / a.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            self._prepare_outputs(a, [r for r, _ in ranks])
         for rank, local in ranks:
             launch.ranks[rank] = local
-            out, err = self._log_paths(a, rank)
-            _link_default_paths(self.ctx.state_dir, a, rank, out, err)
             pkey = rank_key(a.job_id, a.epoch, rank)
-            if problem is not None:
-                self.procs.fail(pkey, problem, code=EXIT_CANNOT_START, stdout=out, stderr=err)
+            out, err = self._log_paths(a, rank)
+            if user is not None and not user.switches:
+                _link_default_paths(self.ctx.state_dir, a, rank, out, err)
+            if problem is not None or user is None:
+                self.procs.fail(pkey, problem or "", code=EXIT_CANNOT_START, stdout=out, stderr=err)
                 continue
             env = job_env(
                 a,
-                base=self.ctx.base_env,
+                base={**self.ctx.base_env, **user.env()},
                 local_rank=local,
                 master_port=port,
                 head_url=self.ctx.head_url,
@@ -208,7 +249,15 @@ class Reconciler:
                 secrets=self.ctx.secrets,
             )
             state = self.procs.start(
-                pkey, argv, env=env, cwd=a.workdir, stdout=out, stderr=err, owner=key
+                pkey,
+                argv,
+                env=env,
+                cwd=a.workdir,
+                stdout=out,
+                stderr=err,
+                owner=key,
+                run_as=user,
+                outputs=self._output_paths(a, rank),
             )
             if state.pid is not None:
                 leftovers.record(job_dir, state.pid)
@@ -236,15 +285,21 @@ class Reconciler:
                 ranks = [rank_key(a.job_id, a.epoch, r) for r in launch.ranks]
                 notices.send(self.procs, a, ranks, n)
 
-    def _argv(self, a: Assignment) -> tuple[list[str], str | None]:
-        """The command to run, or (…, why it cannot run)."""
+    def _argv(self, a: Assignment, user: RunAs) -> tuple[list[str], str | None]:
+        """The command to run, or (…, why it cannot run). Files the job uses in its job
+        dir (the batch script, srun's step counter) belong to its user."""
+        d = self.ctx.open_job_dir(a.job_id, a.epoch)
+        if user.switches:
+            os.close(open_job_file(d / "step-counter", user))
         if a.launcher == "batch":
             if a.script is None:
                 return [], "batch job has no script"
-            d = self.ctx.job_dir(a.job_id, a.epoch)
-            d.mkdir(parents=True, exist_ok=True)
             path = d / "script"
-            path.write_text(a.script)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            fd = open_job_file(path, user)
+            with os.fdopen(fd, "w") as f:
+                f.write(a.script)
             path.chmod(0o700)
             return script_argv(a.script, path), None
         if not a.command:
@@ -255,6 +310,11 @@ class Reconciler:
         """The rank's (stdout, stderr) files: `-o`/`-e` patterns (relative to workdir), else
         the per-rank files under the state dir. stderr joins stdout when only `-o` is given."""
         out, err = logfiles.rank_paths(self.ctx.state_dir, a.job_id, a.epoch, rank)
+        try:
+            if run_as(a).switches:
+                return out, err  # its own process opens -o/-e (as its user), not the agent
+        except identity.Refused:
+            return out, err  # it does not start; the agent's files tell why
         if not os.path.isdir(a.workdir):
             return out, err  # the start fails; its message must land somewhere readable
         if a.output is not None:
@@ -264,6 +324,39 @@ class Reconciler:
         if a.error is not None:
             err = self._expand(a, a.error, rank)
         return out, err
+
+    def _output_paths(self, a: Assignment, rank: int) -> tuple[Path | None, Path | None]:
+        """The rank's `-o`/`-e` files (None: not given), for a process that opens them."""
+        out = self._expand(a, a.output, rank) if a.output is not None else None
+        err = self._expand(a, a.error, rank) if a.error is not None else None
+        return out, err
+
+    def _prepare_as_user(self, a: Assignment, user: RunAs, ranks: list[int]) -> None:
+        """As the job's user: create its checkpoint directory, and its `-o`/`-e` files
+        afresh once per launch (kept on restarts, as Slurm). What fails here fails again,
+        with a message, when the ranks open their files."""
+        files = set()
+        if a.restart_count == 0:
+            files = {str(p) for r in ranks for p in self._output_paths(a, r) if p is not None}
+        if not files and not a.checkpoint_dir:
+            return
+        try:
+            subprocess.run(
+                [SHELL, "-c", _PREPARE_AS_USER, "-", a.workdir, a.checkpoint_dir, *sorted(files)],
+                env={**identity.sane_env(), **user.env()},
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                user=user.uid,
+                group=user.gid,
+                extra_groups=list(user.groups),
+                umask=JOB_UMASK,
+                timeout=30,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            log.warning("job %d: cannot prepare its files as uid %d: %s", a.job_id, user.uid, e)
 
     def _expand(self, a: Assignment, pattern: str, rank: int) -> Path:
         name = expand_pattern(
@@ -340,20 +433,31 @@ class Reconciler:
     def rank_log(self, job_id: int, rank: int) -> tuple[Path, Path, bool] | None:
         """(stdout, stderr, ended) of a rank of `job_id` on this node, newest epoch first;
         falls back to files on disk for jobs this agent no longer tracks."""
+        found = self.rank_log_files(job_id, rank)
+        return None if found is None else found[:3]
+
+    def rank_log_files(
+        self, job_id: int, rank: int
+    ) -> tuple[Path, Path, bool, tuple[int | None, int | None]] | None:
+        """`rank_log` and, per stream, the uid that must own the file when it is one the
+        job opened itself as another user (read it with `logfiles.read_chunk(owner=)`:
+        never through a symlink); None: one of the agent's files."""
+        agent_files = (None, None)
         with self._lock:
             for (jid, epoch), launch in sorted(self._launches.items(), reverse=True):
                 if jid == job_id and rank in launch.ranks:
                     s = self.procs.get(rank_key(jid, epoch, rank))
                     if s is not None:
-                        return s.stdout, s.stderr, not s.running
+                        out, err, owners = _readable(s)
+                        return out, err, not s.running, owners
             desired = self.assignment(job_id)
             if desired is not None:
                 wanted = {global_rank(desired, lr) for lr in local_ranks(desired)}
                 if rank in wanted:  # not started yet (waiting for the master port)
                     out, err = self._log_paths(desired, rank)
-                    return out, err, False
+                    return out, err, False, agent_files
         paths = logfiles.latest_rank_paths(self.ctx.state_dir, job_id, rank)
-        return (*paths, True) if paths is not None else None
+        return (*paths, True, agent_files) if paths is not None else None
 
     def shutdown(self) -> None:
         """Stop every job process and wait for them (agent exit)."""
@@ -373,6 +477,22 @@ def _status(job_id: int, epoch: int, rank: int, local: int, s: ProcState) -> Pro
         started_at=s.started_at,
         ended_at=s.ended_at,
         lost=s.lost,
+    )
+
+
+def _readable(s: ProcState) -> tuple[Path, Path, tuple[int | None, int | None]]:
+    """Which files show a process's output, and the owner each must have: the -o/-e files
+    it opened itself as its user while they are still its own regular files, else the
+    agent's files (which hold why it could not open them)."""
+    if s.outputs is None or s.uid is None:
+        return s.stdout, s.stderr, (None, None)
+    out, err = s.outputs
+    out_ok = out != s.stdout and logfiles.readable_by_owner(out, s.uid)
+    err_ok = err != s.stderr and logfiles.readable_by_owner(err, s.uid)
+    return (
+        out if out_ok else s.stdout,
+        err if err_ok else s.stderr,
+        (s.uid if out_ok else None, s.uid if err_ok else None),
     )
 
 

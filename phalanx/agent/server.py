@@ -75,10 +75,11 @@ def create_app(
         offset: Offset = 0,
     ) -> LogChunk:
         check(authorization, job_id)
-        found = reconciler.rank_log(job_id, rank)
+        found = reconciler.rank_log_files(job_id, rank)
         if found is None:
             raise HTTPException(404, f"no logs for job {job_id} rank {rank} on this node")
-        return _chunk(job_id, rank, stream, offset, found)
+        out, err, ended, owners = found
+        return _chunk(job_id, rank, stream, offset, (out, err, ended), owners)
 
     @app.post(
         "/v1/steps",
@@ -165,7 +166,12 @@ def _bearer(authorization: str | None) -> str | None:
 
 
 def _chunk(
-    job_id: int, rank: int, stream: Stream, offset: int, found: tuple[Path, Path, bool]
+    job_id: int,
+    rank: int,
+    stream: Stream,
+    offset: int,
+    found: tuple[Path, Path, bool],
+    owners: tuple[int | None, int | None] = (None, None),
 ) -> LogChunk:
     out, err, ended = found
     path = out if stream == "stdout" else err
@@ -174,7 +180,8 @@ def _chunk(
         return LogChunk(
             job_id=job_id, rank=rank, stream=stream, offset=0, next_offset=0, data="", eof=ended
         )
-    c = logfiles.read_chunk(path, offset, ended=ended)
+    owner = owners[0] if stream == "stdout" else owners[1]
+    c = logfiles.read_chunk(path, offset, ended=ended, owner=owner)
     return LogChunk(
         job_id=job_id,
         rank=rank,

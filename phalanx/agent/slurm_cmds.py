@@ -19,6 +19,7 @@ class CommandError(Exception):
 def write_shims(bin_dir: Path) -> None:
     """Write executable `srun` and `scontrol` wrappers that run this Python's shims."""
     bin_dir.mkdir(parents=True, exist_ok=True)
+    bin_dir.chmod(0o755)  # every job's user runs them
     for cmd in ("srun", "scontrol"):
         path = bin_dir / cmd
         text = f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m phalanx.agent.{cmd} "$@"\n'

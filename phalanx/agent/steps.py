@@ -12,8 +12,9 @@ from phalanx.api.models import Assignment, StepLaunch, StepStatus, StepTaskStatu
 
 from . import leftovers, logfiles
 from .env import step_env
-from .processes import ProcessManager
-from .reconcile import JobKey, LaunchContext
+from .identity import Refused
+from .processes import EXIT_CANNOT_START, ProcessManager
+from .reconcile import JobKey, LaunchContext, launch_failed, run_as
 
 log = logging.getLogger(__name__)
 
@@ -52,21 +53,28 @@ class StepManager:
                 raise StepExists(f"step {req.job_id}.{req.step_id} already exists on this node")
             step = _Step(a.job_id, a.epoch, req.step_id, tuple(t.task_id for t in req.tasks))
             self._steps[(req.job_id, req.step_id)] = step
+        try:
+            user = run_as(a)
+        except Refused as e:
+            user, refused = None, launch_failed(e)
         for task in req.tasks:
             out, err = logfiles.task_paths(
                 self.ctx.state_dir, a.job_id, a.epoch, req.step_id, task.task_id
             )
+            key = task_key(a.job_id, req.step_id, task.task_id)
+            if user is None:
+                self.procs.fail(key, refused, code=EXIT_CANNOT_START, stdout=out, stderr=err)
+                continue
             env = step_env(
                 a,
                 task,
                 step_id=req.step_id,
-                base=self.ctx.base_env,
+                base={**self.ctx.base_env, **user.env()},
                 head_url=self.ctx.head_url,
                 bin_dir=self.ctx.bin_dir,
                 job_dir=self.ctx.job_dir(a.job_id, a.epoch),
                 secrets=self.ctx.secrets,
             )
-            key = task_key(a.job_id, req.step_id, task.task_id)
             state = self.procs.start(
                 key,
                 task.argv,
@@ -75,6 +83,7 @@ class StepManager:
                 stdout=out,
                 stderr=err,
                 owner=(a.job_id, a.epoch),  # notices reach step tasks with the job's ranks
+                run_as=user,
             )
             if state.pid is not None:
                 leftovers.record(self.ctx.job_dir(a.job_id, a.epoch), state.pid)

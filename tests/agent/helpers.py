@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -33,6 +34,9 @@ def assignment(**changes: Any) -> Assignment:
         "epoch": 1,
         "name": "train",
         "user": "alice",
+        # The agent under test runs it as its own account (tests/security: as others).
+        "uid": os.getuid(),
+        "gid": os.getgid(),
         "launcher": "torchrun",
         "command": ["true"],
         "script": None,

@@ -7,6 +7,7 @@ import signal
 import sys
 from collections.abc import Hashable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -118,7 +119,7 @@ def test_missing_workdir_fails_cleanly(pm: ProcessManager, tmp_path: Path) -> No
 
 
 def test_command_not_found_and_not_executable(pm: ProcessManager, tmp_path: Path) -> None:
-    paths = {"stdout": tmp_path / "o", "stderr": tmp_path / "e"}
+    paths: dict[str, Any] = {"stdout": tmp_path / "o", "stderr": tmp_path / "e"}
     missing = pm.start("a", ["no-such-cmd-xyz"], env={"PATH": "/bin"}, cwd=str(tmp_path), **paths)
     assert missing.exit_code == 127
     script = tmp_path / "s.sh"
