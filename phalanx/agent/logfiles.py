@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import stat
@@ -46,6 +47,23 @@ def latest_rank_paths(state_dir: Path, job_id: int, rank: int) -> tuple[Path, Pa
         if out.exists() or err.exists():
             return out, err
     return None
+
+
+def record_outputs(default_out: Path, uid: int, outputs: tuple[Path, Path]) -> None:
+    """Remember, next to a rank's default files (in the agent's own log dir), the -o/-e
+    files its process opened as user `uid`: its logs are found there after the agent
+    forgets the launch."""
+    record = {"uid": uid, "stdout": str(outputs[0]), "stderr": str(outputs[1])}
+    default_out.with_suffix(".outputs").write_text(json.dumps(record))
+
+
+def recorded_outputs(default_out: Path) -> tuple[int, tuple[Path, Path]] | None:
+    """What `record_outputs` wrote for this rank, if anything."""
+    try:
+        record = json.loads(default_out.with_suffix(".outputs").read_text())
+        return int(record["uid"]), (Path(record["stdout"]), Path(record["stderr"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ _PREPARE_AS_USER = r"""
 cd -- "$1" 2>/dev/null || exit 0
 [ -n "$2" ] && mkdir -p -- "$2" 2>/dev/null
 shift 2
-for f; do { : >"$f"; } 2>/dev/null; done
+for f; do { true >"$f"; } 2>/dev/null; done
 exit 0
 """
 
@@ -259,6 +259,8 @@ class Reconciler:
                 run_as=user,
                 outputs=self._output_paths(a, rank),
             )
+            if state.outputs is not None and state.uid is not None:
+                logfiles.record_outputs(out, state.uid, state.outputs)
             if state.pid is not None:
                 leftovers.record(job_dir, state.pid)
             log.info("job %d.%d: rank %d started, pid %s", a.job_id, a.epoch, rank, state.pid)
@@ -448,7 +450,7 @@ class Reconciler:
                 if jid == job_id and rank in launch.ranks:
                     s = self.procs.get(rank_key(jid, epoch, rank))
                     if s is not None:
-                        out, err, owners = _readable(s)
+                        out, err, owners = _readable(s.stdout, s.stderr, s.outputs, s.uid)
                         return out, err, not s.running, owners
             desired = self.assignment(job_id)
             if desired is not None:
@@ -457,7 +459,14 @@ class Reconciler:
                     out, err = self._log_paths(desired, rank)
                     return out, err, False, agent_files
         paths = logfiles.latest_rank_paths(self.ctx.state_dir, job_id, rank)
-        return (*paths, True, agent_files) if paths is not None else None
+        if paths is None:
+            return None
+        recorded = logfiles.recorded_outputs(paths[0])
+        if recorded is None:
+            return (*paths, True, agent_files)
+        uid, outputs = recorded
+        out, err, owners = _readable(paths[0], paths[1], outputs, uid)
+        return out, err, True, owners
 
     def shutdown(self) -> None:
         """Stop every job process and wait for them (agent exit)."""
@@ -480,19 +489,21 @@ def _status(job_id: int, epoch: int, rank: int, local: int, s: ProcState) -> Pro
     )
 
 
-def _readable(s: ProcState) -> tuple[Path, Path, tuple[int | None, int | None]]:
+def _readable(
+    stdout: Path, stderr: Path, outputs: tuple[Path, Path] | None, uid: int | None
+) -> tuple[Path, Path, tuple[int | None, int | None]]:
     """Which files show a process's output, and the owner each must have: the -o/-e files
     it opened itself as its user while they are still its own regular files, else the
     agent's files (which hold why it could not open them)."""
-    if s.outputs is None or s.uid is None:
-        return s.stdout, s.stderr, (None, None)
-    out, err = s.outputs
-    out_ok = out != s.stdout and logfiles.readable_by_owner(out, s.uid)
-    err_ok = err != s.stderr and logfiles.readable_by_owner(err, s.uid)
+    if outputs is None or uid is None:
+        return stdout, stderr, (None, None)
+    out, err = outputs
+    out_ok = out != stdout and logfiles.readable_by_owner(out, uid)
+    err_ok = err != stderr and logfiles.readable_by_owner(err, uid)
     return (
-        out if out_ok else s.stdout,
-        err if err_ok else s.stderr,
-        (s.uid if out_ok else None, s.uid if err_ok else None),
+        out if out_ok else stdout,
+        err if err_ok else stderr,
+        (uid if out_ok else None, uid if err_ok else None),
     )
 
 
