@@ -24,17 +24,17 @@ log = logging.getLogger(__name__)
 # (OUT/ERR empty: keep the file the agent opened; ERR "=": join stdout).
 _AS_USER = r"""
 fail() { code=$1; shift; printf 'phalanx-agent: %s\n' "$*" >&2; exit "$code"; }
-me=$(id -un 2>/dev/null || id -u)
+me() { id -un 2>/dev/null || id -u; }  # only on failure: a fork costs milliseconds
 why="(no such directory, or no permission)"
 cd -- "$1" 2>/dev/null ||
-  fail 1 "working directory $1 does not exist on this node or user $me may not enter it"
+  fail 1 "working directory $1 does not exist on this node or user $(me) may not enter it"
 if [ -n "$2" ]; then
-  { true >>"$2"; } 2>/dev/null || fail 1 "cannot open output file $2 as user $me $why"
+  { true >>"$2"; } 2>/dev/null || fail 1 "cannot open output file $2 as user $(me) $why"
   exec >>"$2"
 fi
 if [ "$3" = "=" ]; then exec 2>&1
 elif [ -n "$3" ]; then
-  { true >>"$3"; } 2>/dev/null || fail 1 "cannot open error file $3 as user $me $why"
+  { true >>"$3"; } 2>/dev/null || fail 1 "cannot open error file $3 as user $(me) $why"
   exec 2>>"$3"
 fi
 shift 4
