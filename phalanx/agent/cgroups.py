@@ -147,6 +147,7 @@ class Confinement:
         if leftover.dirs and not leftover.remove():
             raise OSError(errno.EBUSY, f"cgroup {name} still has processes after SIGKILL")
         for d in dirs:
+            _ensure(d.parent)  # a dead agent's guard may have pruned it meanwhile
             d.mkdir()
             if self.version == 1 and _controller_of(d) == "cpuset":
                 _inherit_cpuset(d)
@@ -206,6 +207,7 @@ def setup(
         return Confinement("none: disabled (--no-cgroups)")
     if os.geteuid() != 0:
         return Confinement("none: the agent does not run as root")
+    parent = _safe(parent)  # one path component, whatever --cgroup-parent says
     tag = f"{_safe(node_name)}-{hashlib.sha256(str(state_dir).encode()).hexdigest()[:8]}"
     root = CGROUP_FS
     try:
@@ -223,13 +225,8 @@ def _setup_v1(root: Path, parent: str, tag: str, pids_max: int | None) -> Confin
         return Confinement(f"none: cgroup v1 controller(s) not mounted: {', '.join(missing)}")
     dirs = []
     for c in (*V1_REQUIRED, *(c for c in V1_OPTIONAL if c in own)):
-        d = own[c]
-        for part in (parent, tag):
-            d = d / part
-            if not d.is_dir():
-                d.mkdir(exist_ok=True)
-                if c == "cpuset":
-                    _inherit_cpuset(d)
+        d = own[c] / parent / tag
+        _ensure(d)
         dirs.append(d)
     cpuset = next(d for d in dirs if _controller_of(d) == "cpuset")
     cpus = _parse_cpus((cpuset / "cpuset.cpus").read_text())
@@ -308,6 +305,31 @@ def _is_cgroup(line: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- killing
+def kill_leftovers(state_dir: Path, *, remove: bool, prune: bool = False) -> int:
+    """SIGKILL everything in the job cgroups recorded under `state_dir` (an agent that was
+    killed left them). With `remove` (the agent starting again, or the guard of a dead
+    agent) the cgroups are deleted and forgotten too, and with `prune` their parents once
+    empty (no agent uses them any more). Returns how many had processes."""
+    killed = 0
+    for job_dir, dirs in recorded(state_dir):
+        if members(dirs):
+            killed += 1
+            kill_all(dirs)
+            log.warning(
+                "killed the processes left in cgroup %s of job %s epoch %s",
+                dirs[0].name,
+                job_dir.parent.name,
+                job_dir.name.removeprefix("e"),
+            )
+        if remove and remove_dirs(dirs):
+            (job_dir / RECORD_NAME).unlink(missing_ok=True)
+            if prune:
+                node_dirs = [d.parent for d in dirs]
+                if remove_dirs(node_dirs, quiet=True):
+                    remove_dirs([d.parent for d in node_dirs], quiet=True)
+    return killed
+
+
 def members(dirs: Sequence[Path]) -> set[int]:
     """The processes in any of `dirs` now, never the calling process (whose thread may be
     inside while it starts a job)."""
@@ -393,6 +415,16 @@ def _controller_of(d: Path) -> str:
     parts = d.parts
     root = CGROUP_FS.parts
     return parts[len(root)] if parts[: len(root)] == root and len(parts) > len(root) else ""
+
+
+def _ensure(d: Path) -> None:
+    """Create a v1 cgroup directory and its missing parents (cpusets inherit CPUs, mems)."""
+    if d.is_dir():
+        return
+    _ensure(d.parent)
+    d.mkdir(exist_ok=True)
+    if _controller_of(d) == "cpuset":
+        _inherit_cpuset(d)
 
 
 def _inherit_cpuset(d: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -12,6 +13,10 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .cgroups import JobCgroup
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +111,14 @@ class ProcessManager:
         stdout: Path,
         stderr: Path,
         owner: Hashable = None,
+        cgroup: JobCgroup | None = None,
     ) -> ProcState:
         """Start `argv` in `cwd` with exactly `env`, appending output to the two files
         (one file when both paths are equal). A process that cannot start (missing cwd,
         command not found) is recorded as ended with a shell-like exit code and a
         message in its stderr file; this never raises for the job's own faults. While
-        fenced, nothing starts: the process is recorded as lost (killed by SIGKILL)."""
+        fenced, nothing starts: the process is recorded as lost (killed by SIGKILL).
+        With `cgroup` (the job's), the process is born inside it."""
         if key in self._procs:
             raise ValueError(f"process {key!r} already exists")
         if self._fenced:
@@ -126,6 +133,8 @@ class ProcessManager:
         failure: tuple[int, str] | None = None
         with open(stdout, "ab") as out:
             err = out if stderr == stdout else open(stderr, "ab")  # noqa: SIM115 closed below
+            # Confinement hook: the process is born in the job's cgroup (cgroups.py).
+            adopt, leave = _enter(cgroup)
             try:
                 popen = subprocess.Popen(
                     list(argv),
@@ -137,6 +146,7 @@ class ProcessManager:
                     start_new_session=True,  # its own session and process group
                     close_fds=True,
                 )
+                adopt(popen.pid)
             except FileNotFoundError:
                 failure = (EXIT_NOT_FOUND, f"{argv[0]}: command not found")
             except PermissionError:
@@ -144,6 +154,7 @@ class ProcessManager:
             except OSError as e:
                 failure = (EXIT_CANNOT_START, f"cannot start {argv[0]}: {e.strerror or e}")
             finally:
+                leave()
                 if err is not out:
                     err.close()
         if failure is not None:
@@ -306,6 +317,14 @@ class ProcessManager:
         for p in procs:
             if p.popen is not None:
                 p.popen.wait()
+
+
+def _enter(cgroup: JobCgroup | None) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """(adopt(pid), leave()) around starting a process in `cgroup`; no-ops without one."""
+    if cgroup is None:
+        return (lambda pid: None), (lambda: None)
+    stack = contextlib.ExitStack()
+    return stack.enter_context(cgroup.entered()), stack.close
 
 
 def live_groups() -> set[int]:

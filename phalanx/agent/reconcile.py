@@ -16,6 +16,7 @@ from phalanx.api.models import Assignment, DesiredState, ProcessStatus
 from phalanx.jobspec import expand_pattern
 
 from . import leftovers, logfiles, notices
+from .confine import JobConfiner
 from .env import global_rank, job_env, local_ranks
 from .processes import EXIT_CANNOT_START, ProcessManager, ProcState
 
@@ -74,9 +75,11 @@ class Reconciler:
         *,
         on_change: Callable[[], None] = lambda: None,
         on_stop_job: Callable[[set[JobKey], float], None] = lambda keys, grace: None,
+        confine: JobConfiner | None = None,
     ) -> None:
         self.ctx = ctx
         self.procs = procs
+        self.confine = confine  # each job epoch in its own cgroup (None: unconfined)
         self._on_change = on_change
         self._on_stop_job = on_stop_job  # stops srun steps of jobs no longer desired
         self._lock = threading.RLock()
@@ -112,6 +115,8 @@ class Reconciler:
         Returns how many process groups were killed. Takes no lock a slow apply() holds."""
         self._fencing.set()
         killed = self.procs.fence(since)
+        if self.confine is not None:  # what escaped its process group dies with its cgroup
+            self.confine.kill_all()
         desired = self._desired
         if desired is not None:
             self._fenced = self._fenced | {(a.job_id, a.epoch) for a in desired.jobs}
@@ -138,6 +143,8 @@ class Reconciler:
                 if state is not None and state.running:
                     alive = True
                 self.procs.stop(pkey, grace_s)  # also reaps a finished rank's leftovers
+            if not alive and self.confine is not None and not self.confine.teardown(*key):
+                continue  # processes left in its cgroup: killed again on the next apply
             if not alive:
                 for rank in launch.ranks:
                     self.procs.forget(rank_key(key[0], key[1], rank))
@@ -188,6 +195,12 @@ class Reconciler:
         launch = _Launch(a)
         self._launches[key] = launch
         argv, problem = self._argv(a)
+        cgroup = None
+        if self.confine is not None:  # confinement hook: the job epoch's cgroup (confine.py)
+            try:
+                cgroup = self.confine.launch(a, len(ranks), job_dir)
+            except OSError as e:
+                problem = problem or f"cannot create the job's cgroup: {e.strerror or e}"
         self._prepare_outputs(a, [r for r, _ in ranks])
         for rank, local in ranks:
             launch.ranks[rank] = local
@@ -208,7 +221,7 @@ class Reconciler:
                 secrets=self.ctx.secrets,
             )
             state = self.procs.start(
-                pkey, argv, env=env, cwd=a.workdir, stdout=out, stderr=err, owner=key
+                pkey, argv, env=env, cwd=a.workdir, stdout=out, stderr=err, owner=key, cgroup=cgroup
             )
             if state.pid is not None:
                 leftovers.record(job_dir, state.pid)
@@ -319,8 +332,14 @@ class Reconciler:
                 for rank, local in sorted(launch.ranks.items()):
                     s = self.procs.get(rank_key(job_id, epoch, rank))
                     if s is not None:
-                        out.append(_status(job_id, epoch, rank, local, s))
+                        oom = self._oom(job_id, epoch, s)
+                        out.append(_status(job_id, epoch, rank, local, s, oom))
             return out
+
+    def _oom(self, job_id: int, epoch: int, s: ProcState) -> bool:
+        """A rank that ended badly after the OOM killer struck in its job's cgroup."""
+        failed = not s.running and not s.lost and (s.signal is not None or s.exit_code != 0)
+        return failed and self.confine is not None and self.confine.oom(job_id, epoch)
 
     def master_ports(self) -> dict[str, int]:
         """Ports this node picked as rank 0, by str(job id)."""
@@ -356,11 +375,16 @@ class Reconciler:
         return (*paths, True) if paths is not None else None
 
     def shutdown(self) -> None:
-        """Stop every job process and wait for them (agent exit)."""
+        """Stop every job process and wait for them (agent exit), then empty and delete
+        every job cgroup."""
         self.procs.stop_all(self.kill_grace_s())
+        if self.confine is not None:
+            self.confine.shutdown()
 
 
-def _status(job_id: int, epoch: int, rank: int, local: int, s: ProcState) -> ProcessStatus:
+def _status(
+    job_id: int, epoch: int, rank: int, local: int, s: ProcState, oom: bool = False
+) -> ProcessStatus:
     return ProcessStatus(
         job_id=job_id,
         epoch=epoch,
@@ -373,6 +397,7 @@ def _status(job_id: int, epoch: int, rank: int, local: int, s: ProcState) -> Pro
         started_at=s.started_at,
         ended_at=s.ended_at,
         lost=s.lost,
+        oom=oom,
     )
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.api.models import Assignment, StepLaunch, StepStatus, StepTaskStatus
 
 from . import leftovers, logfiles
+from .cgroups import JobCgroup
 from .env import step_env
 from .processes import ProcessManager
 from .reconcile import JobKey, LaunchContext
@@ -43,6 +44,8 @@ class StepManager:
         self.procs = procs
         self._lock = threading.Lock()
         self._steps: dict[tuple[int, int], _Step] = {}
+        # The job epoch's cgroup (set by the agent when it confines jobs).
+        self.cgroup_of: Callable[[int, int], JobCgroup | None] = lambda job_id, epoch: None
 
     def launch(self, a: Assignment, req: StepLaunch) -> StepStatus:
         """Start the step's tasks for assignment `a` (the job as desired on this node).
@@ -75,6 +78,7 @@ class StepManager:
                 stdout=out,
                 stderr=err,
                 owner=(a.job_id, a.epoch),  # notices reach step tasks with the job's ranks
+                cgroup=self.cgroup_of(a.job_id, a.epoch),  # confined with the job's ranks
             )
             if state.pid is not None:
                 leftovers.record(self.ctx.job_dir(a.job_id, a.epoch), state.pid)
