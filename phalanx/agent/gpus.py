@@ -9,6 +9,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
 from phalanx.api.models import FaultInjection, GpuInfo, GpuTelemetry
@@ -69,6 +70,11 @@ class GpuProvider(Protocol):
         """Release the provider's resources (NVML handle)."""
         ...
 
+    def device_files(self) -> dict[int, Path]:
+        """GPU index → its device file (/dev/nvidiaN), which a job's cgroup lets it open
+        only for its own GPUs; empty when there are none to guard."""
+        ...
+
 
 class FakeProvider:
     """GPUs that do not exist, for machines without any (tests, laptops, CPU clusters).
@@ -86,6 +92,7 @@ class FakeProvider:
         *,
         node_name: str = "node",
         busy: Callable[[], Collection[int]] | None = None,
+        device_dir: Path | None = None,
     ) -> None:
         if count < 0:
             raise GpuError(f"--fake-gpus must be 0 or more, got {count}")
@@ -94,6 +101,7 @@ class FakeProvider:
         self.memory_mb = memory_mb
         self.node_name = node_name
         self.busy = busy
+        self.device_dir = device_dir  # where nvidia0… live (tests: mknod'ed in a temp dir)
         self._faults: list[GpuFault] = []
         self._fault_added = threading.Condition()
 
@@ -108,6 +116,12 @@ class FakeProvider:
             )
             for i in range(self.count)
         ]
+
+    def device_files(self) -> dict[int, Path]:
+        """`<device_dir>/nvidiaN` for each fake GPU, with --fake-gpu-dev-dir; else none."""
+        if self.device_dir is None:
+            return {}
+        return {i: self.device_dir / f"nvidia{i}" for i in range(self.count)}
 
     def telemetry(self) -> list[GpuTelemetry]:
         """Plausible readings: a held GPU looks busy and warm, an idle one cool."""
@@ -359,6 +373,16 @@ class NvmlProvider:
             return None
         return GpuFault(i, "row_remap_failure", None, message, time.time())
 
+    def device_files(self) -> dict[int, Path]:
+        """/dev/nvidia<minor> of each GPU (the minor number from NVML; the index if NVML
+        cannot tell)."""
+        out = {}
+        get_minor = getattr(self._nvml, "nvmlDeviceGetMinorNumber", None)
+        for i, h in self._handles:
+            minor = None if get_minor is None else self._query("minor", get_minor, h, gpu=i)
+            out[i] = Path(f"/dev/nvidia{i if minor is None else int(minor)}")
+        return out
+
     def close(self) -> None:
         """Shut NVML down (idempotent, never raises). Stop calling health_events() first."""
         if not self._closed:
@@ -387,6 +411,7 @@ def detect(
     *,
     node_name: str = "node",
     busy: Callable[[], Collection[int]] | None = None,
+    device_dir: Path | None = None,
 ) -> GpuProvider:
     """The provider for this machine: fake GPUs if asked for, else NVML.
 
@@ -394,5 +419,5 @@ def detect(
     `--fake-gpus N` was given.
     """
     if fake_gpus is not None:
-        return FakeProvider(fake_gpus, model, node_name=node_name, busy=busy)
+        return FakeProvider(fake_gpus, model, node_name=node_name, busy=busy, device_dir=device_dir)
     return NvmlProvider()

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import leftovers
+from . import cgroups, leftovers
 
 log = logging.getLogger(__name__)
 
@@ -88,12 +88,18 @@ def watch(state_dir: Path, agent_pid: int, agent_start: int) -> None:
             interval = 1.0 if killed else min(interval * 2, _PASS_MAX_S)
             next_pass = now + interval
             if not agent_alive:
+                # Nobody else deletes the dead agent's job cgroups (emptied above) now.
+                cgroups.kill_leftovers(state_dir, remove=True, prune=True)
                 return
         time.sleep(_POLL_S)
 
 
 def _fence(state_dir: Path, path: Path, agent_pid: int) -> int:
-    killed = 0
+    lease = _lease(path)
+    if lease is None or lease[0] != agent_pid or time.monotonic() <= lease[1]:
+        return 0
+    # Job cgroups first: they hold every process of a job, escaped process groups too.
+    killed = cgroups.kill_leftovers(state_dir, remove=False)
     for group in leftovers.live_recorded(state_dir):
         lease = _lease(path)  # the agent may have renewed it meanwhile: then stop at once
         if lease is None or lease[0] != agent_pid or time.monotonic() <= lease[1]:

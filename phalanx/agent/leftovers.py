@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import cgroups
+
 log = logging.getLogger(__name__)
 
 RECORD_NAME = "pgids"  # in each launch dir: "PGID STARTTIME" per started process group
@@ -88,7 +90,10 @@ def kill(group: Group) -> None:
 def kill_orphans(state_dir: Path) -> int:
     """SIGKILL every recorded process group still alive and ours (live_recorded), wait a
     little for them to be gone, and forget the records. Called when the agent starts,
-    before it registers: nothing of its own runs yet. Returns the groups killed."""
+    before it registers: nothing of its own runs yet. Job cgroups recorded there are
+    emptied (everything in them: escaped process groups too) and deleted first. Returns
+    the groups killed."""
+    cgroups.kill_leftovers(state_dir, remove=True)
     groups = live_recorded(state_dir)
     for g in groups:
         kill(g)

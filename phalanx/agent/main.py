@@ -17,9 +17,10 @@ from pathlib import Path
 import uvicorn
 from pydantic import ValidationError
 
-from phalanx.api.models import RegisterRequest
+from phalanx.api.models import MAX_CONFINEMENT, RegisterRequest
 
-from . import leftovers
+from . import cgroups, leftovers
+from .confine import JobConfiner
 from .gpus import FakeProvider, GpuError, GpuProvider, detect
 from .guard import start_guard, stop_guard
 from .headlink import HeadLink, JoinRefused
@@ -54,6 +55,10 @@ class AgentConfig:
     heartbeat_s: float = 2.0
     health_checks: tuple[Path, ...] = ()  # NHC-style scripts: exit 0 is healthy
     health_interval_s: float = 30.0  # how often they run; also each one's timeout
+    use_cgroups: bool = True  # confine each job in its own cgroup (when root and mounted)
+    cgroup_parent: str = cgroups.DEFAULT_PARENT  # the cgroup every agent's jobs go under
+    job_pids_max: int | None = cgroups.DEFAULT_PIDS_MAX  # per job and node; None: unlimited
+    gpu_dev_dir: Path | None = None  # fake GPUs' device files (nvidia0…), for tests
 
 
 class _Server(uvicorn.Server):
@@ -110,7 +115,28 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
     procs = ProcessManager(on_change=notify)
     steps = StepManager(ctx, procs)
     reconciler = Reconciler(ctx, procs, on_change=notify, on_stop_job=steps.stop_undesired)
-    gpus = detect(cfg.fake_gpus, cfg.gpu_model, node_name=cfg.name, busy=reconciler.busy_gpus)
+    gpus = detect(
+        cfg.fake_gpus,
+        cfg.gpu_model,
+        node_name=cfg.name,
+        busy=reconciler.busy_gpus,
+        device_dir=cfg.gpu_dev_dir,
+    )
+    confinement = cgroups.setup(
+        cfg.name,
+        state_dir,
+        parent=cfg.cgroup_parent,
+        pids_max=cfg.job_pids_max,
+        enabled=cfg.use_cgroups,
+    )
+    if confinement.enabled:
+        log.info("confinement: %s (one cgroup per job)", confinement.describe)
+    else:
+        log.warning("confinement: %s: jobs run without cgroup limits", confinement.describe)
+    if confinement.enabled:
+        confine = JobConfiner(confinement, gpus.device_files())
+        reconciler.confine = confine
+        steps.cgroup_of = confine.get
     health = HealthMonitor(
         gpus,
         EventQueue(state_dir / EVENTS_FILE),
@@ -126,7 +152,7 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
         await asyncio.to_thread(leftovers.kill_orphans, state_dir)
         sock = _listen(cfg.address, cfg.port)
         agent_url = f"http://{cfg.address}:{sock.getsockname()[1]}"
-        request = _register_request(cfg, agent_url, agent_secret, gpus)
+        request = _register_request(cfg, agent_url, agent_secret, gpus, confinement.describe)
         inject = gpus.inject if isinstance(gpus, FakeProvider) else None
         app = create_app(secret=agent_secret, reconciler=reconciler, steps=steps, inject=inject)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
@@ -158,6 +184,7 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
     finally:
         await asyncio.to_thread(health.stop)
         gpus.close()
+        confinement.close()
 
 
 def _check_head_urls(value: str) -> None:
@@ -194,7 +221,11 @@ def _listen(address: str, port: int) -> socket.socket:
 
 
 def _register_request(
-    cfg: AgentConfig, agent_url: str, agent_secret: str, gpus: GpuProvider
+    cfg: AgentConfig,
+    agent_url: str,
+    agent_secret: str,
+    gpus: GpuProvider,
+    confinement: str = "unknown",
 ) -> RegisterRequest:
     try:
         return RegisterRequest(
@@ -206,6 +237,7 @@ def _register_request(
             memory_mb=_memory_mb(),
             gpus=gpus.inventory(),
             labels=cfg.labels,
+            confinement=confinement[:MAX_CONFINEMENT],
         )
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())

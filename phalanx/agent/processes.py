@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -13,6 +14,10 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .cgroups import JobCgroup
 
 from .identity import JOB_UMASK, RunAs
 
@@ -146,6 +151,7 @@ class ProcessManager:
         owner: Hashable = None,
         run_as: RunAs | None = None,
         outputs: tuple[Path | None, Path | None] = (None, None),
+        cgroup: JobCgroup | None = None,
     ) -> ProcState:
         """Start `argv` in `cwd` with exactly `env`, appending output to the two files
         (one file when both paths are equal). A process that cannot start (missing cwd,
@@ -156,9 +162,12 @@ class ProcessManager:
         `run_as` other than the agent's own identity (a root agent): the process runs as
         that user (groups, umask 077); it enters `cwd` and opens `outputs` (-o/-e paths,
         stderr None: joins stdout when -o is given) itself, with that user's rights; the
-        agent's `stdout`/`stderr` files (which it creates owned by the user) get the rest."""
+        agent's `stdout`/`stderr` files (which it creates owned by the user) get the rest.
+        With `cgroup` (the job's), the process is born inside it."""
         if run_as is not None and run_as.switches:
-            return self._start_as(key, argv, env, cwd, stdout, stderr, owner, run_as, outputs)
+            return self._start_as(
+                key, argv, env, cwd, stdout, stderr, owner, run_as, outputs, cgroup
+            )
         if key in self._procs:
             raise ValueError(f"process {key!r} already exists")
         if self._fenced:
@@ -173,6 +182,8 @@ class ProcessManager:
         failure: tuple[int, str] | None = None
         with open(stdout, "ab") as out:
             err = out if stderr == stdout else open(stderr, "ab")  # noqa: SIM115 closed below
+            # Confinement hook: the process is born in the job's cgroup (cgroups.py).
+            adopt, leave = _enter(cgroup)
             try:
                 popen = subprocess.Popen(
                     list(argv),
@@ -184,6 +195,7 @@ class ProcessManager:
                     start_new_session=True,  # its own session and process group
                     close_fds=True,
                 )
+                adopt(popen.pid)
             except FileNotFoundError:
                 failure = (EXIT_NOT_FOUND, f"{argv[0]}: command not found")
             except PermissionError:
@@ -191,6 +203,7 @@ class ProcessManager:
             except OSError as e:
                 failure = (EXIT_CANNOT_START, f"cannot start {argv[0]}: {e.strerror or e}")
             finally:
+                leave()
                 if err is not out:
                     err.close()
         if failure is not None:
@@ -218,6 +231,7 @@ class ProcessManager:
         owner: Hashable,
         run_as: RunAs,
         outputs: tuple[Path | None, Path | None],
+        cgroup: JobCgroup | None,
     ) -> ProcState:
         if key in self._procs:
             raise ValueError(f"process {key!r} already exists")
@@ -241,6 +255,7 @@ class ProcessManager:
             return self.fail(
                 key, f"cannot open {stderr}: {e}", code=1, stdout=stdout, stderr=stderr
             )
+        adopt, leave = _enter(cgroup)  # born in the job's cgroup (cgroups.py)
         try:
             popen = subprocess.Popen(
                 [*wrapper, "--", *argv],
@@ -256,10 +271,12 @@ class ProcessManager:
                 extra_groups=list(run_as.groups),
                 umask=JOB_UMASK,
             )
+            adopt(popen.pid)
         except OSError as e:
             msg = f"cannot start {argv[0] if argv else 'the job'} as uid {run_as.uid}: {e}"
             return self.fail(key, msg, code=EXIT_CANNOT_START, stdout=stdout, stderr=stderr)
         finally:
+            leave()
             os.close(out)
             if err != out:
                 os.close(err)
@@ -460,6 +477,14 @@ def open_job_file(path: Path, run_as: RunAs | None) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def _enter(cgroup: JobCgroup | None) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """(adopt(pid), leave()) around starting a process in `cgroup`; no-ops without one."""
+    if cgroup is None:
+        return (lambda pid: None), (lambda: None)
+    stack = contextlib.ExitStack()
+    return stack.enter_context(cgroup.entered()), stack.close
 
 
 def live_groups() -> set[int]:

@@ -17,6 +17,7 @@ from phalanx.api.models import Assignment, DesiredState, ProcessStatus
 from phalanx.jobspec import expand_pattern
 
 from . import identity, leftovers, logfiles, notices
+from .confine import JobConfiner
 from .env import global_rank, job_env, local_ranks
 from .identity import JOB_UMASK, RunAs
 from .processes import EXIT_CANNOT_START, SHELL, ProcessManager, ProcState, open_job_file
@@ -106,9 +107,11 @@ class Reconciler:
         *,
         on_change: Callable[[], None] = lambda: None,
         on_stop_job: Callable[[set[JobKey], float], None] = lambda keys, grace: None,
+        confine: JobConfiner | None = None,
     ) -> None:
         self.ctx = ctx
         self.procs = procs
+        self.confine = confine  # each job epoch in its own cgroup (None: unconfined)
         self._on_change = on_change
         self._on_stop_job = on_stop_job  # stops srun steps of jobs no longer desired
         self._lock = threading.RLock()
@@ -144,6 +147,8 @@ class Reconciler:
         Returns how many process groups were killed. Takes no lock a slow apply() holds."""
         self._fencing.set()
         killed = self.procs.fence(since)
+        if self.confine is not None:  # what escaped its process group dies with its cgroup
+            self.confine.kill_all()
         desired = self._desired
         if desired is not None:
             self._fenced = self._fenced | {(a.job_id, a.epoch) for a in desired.jobs}
@@ -170,6 +175,8 @@ class Reconciler:
                 if state is not None and state.running:
                     alive = True
                 self.procs.stop(pkey, grace_s)  # also reaps a finished rank's leftovers
+            if not alive and self.confine is not None and not self.confine.teardown(*key):
+                continue  # processes left in its cgroup: killed again on the next apply
             if not alive:
                 for rank in launch.ranks:
                     self.procs.forget(rank_key(key[0], key[1], rank))
@@ -222,6 +229,12 @@ class Reconciler:
             argv, problem = self._argv(a, user)
         except identity.Refused as e:
             argv, problem = [], launch_failed(e)
+        cgroup = None
+        if self.confine is not None and problem is None:  # confinement hook (confine.py)
+            try:
+                cgroup = self.confine.launch(a, len(ranks), job_dir)
+            except OSError as e:
+                problem = f"cannot create the job's cgroup: {e.strerror or e}"
         if user is not None and user.switches:
             self._prepare_as_user(a, user, [r for r, _ in ranks])
         elif user is not None:
@@ -258,6 +271,7 @@ class Reconciler:
                 owner=key,
                 run_as=user,
                 outputs=self._output_paths(a, rank),
+                cgroup=cgroup,
             )
             if state.outputs is not None and state.uid is not None:
                 logfiles.record_outputs(out, state.uid, state.outputs)
@@ -414,8 +428,14 @@ class Reconciler:
                 for rank, local in sorted(launch.ranks.items()):
                     s = self.procs.get(rank_key(job_id, epoch, rank))
                     if s is not None:
-                        out.append(_status(job_id, epoch, rank, local, s))
+                        oom = self._oom(job_id, epoch, s)
+                        out.append(_status(job_id, epoch, rank, local, s, oom))
             return out
+
+    def _oom(self, job_id: int, epoch: int, s: ProcState) -> bool:
+        """A rank that ended badly after the OOM killer struck in its job's cgroup."""
+        failed = not s.running and not s.lost and (s.signal is not None or s.exit_code != 0)
+        return failed and self.confine is not None and self.confine.oom(job_id, epoch)
 
     def master_ports(self) -> dict[str, int]:
         """Ports this node picked as rank 0, by str(job id)."""
@@ -469,11 +489,16 @@ class Reconciler:
         return out, err, True, owners
 
     def shutdown(self) -> None:
-        """Stop every job process and wait for them (agent exit)."""
+        """Stop every job process and wait for them (agent exit), then empty and delete
+        every job cgroup."""
         self.procs.stop_all(self.kill_grace_s())
+        if self.confine is not None:
+            self.confine.shutdown()
 
 
-def _status(job_id: int, epoch: int, rank: int, local: int, s: ProcState) -> ProcessStatus:
+def _status(
+    job_id: int, epoch: int, rank: int, local: int, s: ProcState, oom: bool = False
+) -> ProcessStatus:
     return ProcessStatus(
         job_id=job_id,
         epoch=epoch,
@@ -486,6 +511,7 @@ def _status(job_id: int, epoch: int, rank: int, local: int, s: ProcState) -> Pro
         started_at=s.started_at,
         ended_at=s.ended_at,
         lost=s.lost,
+        oom=oom,
     )
 
 

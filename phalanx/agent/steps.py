@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from pathlib import Path
 
 from phalanx.api.models import Assignment, StepLaunch, StepStatus, StepTaskStatus
 
 from . import leftovers, logfiles
+from .cgroups import JobCgroup
 from .env import step_env
 from .identity import Refused
 from .processes import EXIT_CANNOT_START, ProcessManager
@@ -44,6 +45,8 @@ class StepManager:
         self.procs = procs
         self._lock = threading.Lock()
         self._steps: dict[tuple[int, int], _Step] = {}
+        # The job epoch's cgroup (set by the agent when it confines jobs).
+        self.cgroup_of: Callable[[int, int], JobCgroup | None] = lambda job_id, epoch: None
 
     def launch(self, a: Assignment, req: StepLaunch) -> StepStatus:
         """Start the step's tasks for assignment `a` (the job as desired on this node).
@@ -84,6 +87,7 @@ class StepManager:
                 stderr=err,
                 owner=(a.job_id, a.epoch),  # notices reach step tasks with the job's ranks
                 run_as=user,
+                cgroup=self.cgroup_of(a.job_id, a.epoch),  # confined with the job's ranks
             )
             if state.pid is not None:
                 leftovers.record(self.ctx.job_dir(a.job_id, a.epoch), state.pid)

@@ -13,13 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 62  # the core's per-node bitmask limit
 MAX_ARRAY_TASKS = 10_000
-MAX_INT32 = 2**31 - 1  # ids and counts stored in 32-bit database columns
+MAX_INT32 = 2**31 - 1
+MAX_CONFINEMENT = 200  # ids and counts stored in 32-bit database columns
 # A job whose rank exits with this code (EX_TEMPFAIL) asks to be requeued: it checkpointed
 # (phalanx.train does so on a preemption notice) and wants to resume, up to max_restarts.
 REQUEUE_EXIT_CODE = 75
 
 Launcher = Literal["torchrun", "node", "batch"]
-JobStateCode = Literal["PD", "R", "CG", "CD", "F", "CA", "TO", "NF", "PR"]
+JobStateCode = Literal["PD", "R", "CG", "CD", "F", "CA", "TO", "NF", "OOM", "PR"]
 Role = Literal["user", "team_admin", "admin"]
 NodeStateName = Literal["up", "down", "drain", "draining"]
 DependencyType = Literal["after", "afterok", "afterany", "afternotok"]
@@ -230,6 +231,8 @@ class NodeInfo(Wire):
     last_heartbeat: float | None
     heartbeat_age_s: float | None
     jobs: list[int]
+    # How the node confines jobs: "cgroup-v1", "cgroup-v2 (…)" or "none: <reason>".
+    confinement: str = "unknown"
 
 
 class NodeList(Wire):
@@ -252,6 +255,8 @@ class RegisterRequest(Wire):
     memory_mb: Annotated[int, Field(ge=1, le=MAX_INT32)]
     gpus: list[GpuInfo] = Field(max_length=MAX_GPUS_PER_NODE)
     labels: dict[Name, Name] = {}
+    # How the agent confines jobs: "cgroup-v1", "cgroup-v2 (…)" or "none: <reason>".
+    confinement: Annotated[str, StringConstraints(max_length=MAX_CONFINEMENT)] = "unknown"
 
 
 class RegisterResponse(Wire):
@@ -276,6 +281,9 @@ class ProcessStatus(Wire):
     # The agent, not the job, ended it: fenced (no answer from the head for the lease) or
     # lost when the agent restarted. The head treats it as a node failure (requeue).
     lost: bool = False
+    # It ended (killed or failed) after the kernel's OOM killer killed a process of the job
+    # for its --mem limit (the job's cgroup counted an OOM kill). The head ends it OOM.
+    oom: bool = False
 
 
 class GpuHealthEvent(Wire):
@@ -360,6 +368,7 @@ class Assignment(Wire):
     # unless an admin set a uid (and gid) for that user.
     uid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
     gid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
+    mem_mb: int | None = None  # --mem: the job's memory limit on this node (its cgroup)
 
 
 class DesiredState(Wire):

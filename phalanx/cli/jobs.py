@@ -25,7 +25,7 @@ from phalanx.cli.output import (
 if TYPE_CHECKING:
     from phalanx.api.models import JobInfo, JobList
 
-STATES = ("PD", "R", "CG", "CD", "F", "CA", "TO", "NF", "PR")
+STATES = ("PD", "R", "CG", "CD", "F", "CA", "TO", "NF", "OOM", "PR")
 
 
 def job_id_label(job: JobInfo) -> str:

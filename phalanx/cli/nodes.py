@@ -9,7 +9,16 @@ import typer
 from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
 from phalanx.cli.output import console, fail, print_json
 
-COLUMNS = ("NAME", "STATE", "GPUS(USED/TOTAL)", "MODEL", "HEARTBEAT-AGE", "JOBS", "REASON")
+COLUMNS = (
+    "NAME",
+    "STATE",
+    "GPUS(USED/TOTAL)",
+    "MODEL",
+    "HEARTBEAT-AGE",
+    "JOBS",
+    "CONFINEMENT",
+    "REASON",
+)
 NODE_STYLE = {"up": "green", "draining": "yellow", "drain": "yellow", "down": "red"}
 
 
@@ -18,7 +27,8 @@ def nodes(
     head: HeadOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """List nodes: state, GPUs in use, model, heartbeat age, jobs (like sinfo -N)."""
+    """List nodes: state, GPUs in use, model, heartbeat age, jobs, how jobs are confined
+    (cgroups, or none and why), like sinfo -N."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -41,6 +51,7 @@ def nodes(
             models,
             "-" if age is None else f"{age:.1f}s",
             ",".join(map(str, node.jobs)) or "-",
+            escape(node.confinement),
             escape(node.reason or ""),
         )
     console().print(table)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
     from rich.console import Console
 
-TERMINAL_STATES = frozenset({"CD", "F", "CA", "TO", "NF"})
+TERMINAL_STATES = frozenset({"CD", "F", "CA", "TO", "NF", "OOM"})
 STATE_STYLE = {
     "PD": "yellow",
     "R": "green",
@@ -24,6 +24,7 @@ STATE_STYLE = {
     "CA": "red",
     "TO": "red",
     "NF": "red",
+    "OOM": "red",
 }
 
 

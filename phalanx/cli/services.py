@@ -164,6 +164,27 @@ def agent(
     health_interval: Annotated[
         float, typer.Option(help="Seconds between health-check runs (also their timeout).")
     ] = 30.0,
+    cgroups: Annotated[
+        bool,
+        typer.Option(
+            help="Confine each job in its own cgroup (memory, CPUs, pids, GPU devices); "
+            "needs root and a mounted cgroup fs, else the agent says why it cannot."
+        ),
+    ] = True,
+    cgroup_parent: Annotated[
+        str, typer.Option(help="Parent cgroup of every agent's job cgroups.")
+    ] = "phalanx",
+    job_pids_max: Annotated[
+        int, typer.Option(min=0, help="Processes and threads per job on this node (0: no limit).")
+    ] = 8192,
+    fake_gpu_dev_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="Directory of the fake GPUs' device files nvidia0… (tests: made with mknod).",
+            file_okay=False,
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run an agent on this server: join the head, run the jobs it assigns (blocks)."""
     from phalanx.agent.main import AgentConfig, AgentError, run_agent
@@ -187,6 +208,10 @@ def agent(
         labels=_labels(label or []),
         health_checks=tuple(health_check or ()),
         health_interval_s=health_interval,
+        use_cgroups=cgroups,
+        cgroup_parent=cgroup_parent,
+        job_pids_max=job_pids_max or None,
+        gpu_dev_dir=fake_gpu_dev_dir,
     )
     try:
         run_agent(config)

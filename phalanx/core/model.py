@@ -17,6 +17,7 @@ class JobState(enum.Enum):
     CANCELLED = "CA"
     TIMEOUT = "TO"
     NODE_FAIL = "NF"
+    OUT_OF_MEMORY = "OOM"  # killed by the OOM killer for its --mem limit (Slurm's short form)
     PREEMPTED = "PR"
 
     @property
@@ -25,7 +26,14 @@ class JobState(enum.Enum):
 
 
 _TERMINAL = frozenset(
-    {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT, JobState.NODE_FAIL}
+    {
+        JobState.COMPLETED,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.TIMEOUT,
+        JobState.NODE_FAIL,
+        JobState.OUT_OF_MEMORY,
+    }
 )
 
 

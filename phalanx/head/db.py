@@ -85,6 +85,7 @@ nodes = Table(
     Column("state", String(8), nullable=False),  # up | down | drain
     Column("reason", Text, nullable=True),
     Column("registered", Float, nullable=False),
+    Column("confinement", String(200), nullable=True),  # cgroup-v1 | cgroup-v2 (…) | none: …
 )
 
 jobs = Table(
@@ -97,7 +98,7 @@ jobs = Table(
     Column("account", String(128), nullable=True),
     Column("qos", String(128), nullable=False),
     Column("priority", Integer, nullable=False),
-    Column("state", String(2), nullable=False),
+    Column("state", String(3), nullable=False),  # PD … OOM
     Column("reason", String(64), nullable=True),
     Column("reason_message", Text, nullable=True),
     Column("spec_json", Text, nullable=False),

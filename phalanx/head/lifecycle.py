@@ -19,6 +19,7 @@ FINAL_STATE = {
     "cancel": "CA",
     "timeout": "TO",
     "node_fail": "NF",
+    "oom": "OOM",
 }
 REQUEUE = ("preempt", "requeue")
 # A node that failed this many jobs within the window is kept out of the next placement

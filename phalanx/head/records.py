@@ -63,7 +63,7 @@ class JobRecord:
 
     @property
     def terminal(self) -> bool:
-        return self.state in ("CD", "F", "CA", "TO", "NF")
+        return self.state in ("CD", "F", "CA", "TO", "NF", "OOM")
 
     def expected_ranks(self, node_rank: int) -> list[int]:
         """Global ranks the agent of the `node_rank`-th node starts (batch: rank 0 only)."""
@@ -209,6 +209,7 @@ class NodeRecord:
     last_heartbeat: float | None = None
     health_seq: int = 0  # the newest GPU health event handled (acknowledged to the agent)
     version: int = 0  # desired-state version; bumped whenever what it must run changes
+    confinement: str = "unknown"  # how its agent confines jobs (cgroup-v1, …, none: why)
 
     @property
     def schedulable(self) -> bool:
@@ -226,6 +227,7 @@ class NodeRecord:
             "labels_json": json.dumps(self.labels),
             "state": self.state,
             "reason": self.reason,
+            "confinement": self.confinement,
         }
 
     @classmethod
@@ -241,6 +243,7 @@ class NodeRecord:
             labels=dict(json.loads(row.labels_json)),
             state=row.state,
             reason=row.reason,
+            confinement=row.confinement or "unknown",
         )
 
     def info(self, jobs: list[int], gpus_used: int, now: float | None = None) -> NodeInfo:
@@ -263,4 +266,5 @@ class NodeRecord:
             last_heartbeat=self.last_heartbeat,
             heartbeat_age_s=age,
             jobs=jobs,
+            confinement=self.confinement,
         )

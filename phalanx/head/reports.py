@@ -100,6 +100,17 @@ def _evaluate(mirror: Mirror, tx: Tx, rec: JobRecord, reporter: str, now: float)
         if p.running or (p.exit_code == 0 and p.signal is None and not p.lost):
             continue
         node = _node_of(rec, rank) or reporter
+        if p.oom and not p.lost:
+            # As Slurm: a job the OOM killer hit for its --mem ends OUT_OF_MEMORY, not
+            # requeued (it would run out of memory again).
+            code, sig = p.exit_code or 0, p.signal or 0
+            what = "the batch script" if rec.spec.launcher == "batch" else f"rank {rank}"
+            limit = f"its --mem limit ({rec.spec.mem_mb} MiB per node)"
+            message = f"{what} on {node} ran out of memory: the OOM killer enforced {limit}"
+            rec.reason, rec.reason_message = "OutOfMemory", message
+            tx.event(now, "oom", message, rec.id, node=node)
+            begin_stop(mirror, tx, rec, "oom", f"{code}:{sig}", message, now)
+            return
         if p.lost:
             message = f"rank {rank} on {node} was stopped by its agent (no head, or restarted)"
             restart_or_end(

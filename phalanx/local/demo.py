@@ -21,7 +21,7 @@ from phalanx.api.models import JobDetail, JobSpec
 from phalanx.client.api import PhalanxClient
 from phalanx.local.cluster import LocalCluster
 
-FINAL = ("CD", "F", "CA", "TO", "NF")
+FINAL = ("CD", "F", "CA", "TO", "NF", "OOM")
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"

@@ -12,7 +12,7 @@ from typing import Any
 from phalanx.api.models import JobInfo
 from phalanx.testing.workload import Life
 
-TERMINAL = frozenset({"CD", "F", "CA", "TO", "NF"})
+TERMINAL = frozenset({"CD", "F", "CA", "TO", "NF", "OOM"})
 
 MAX_LISTED = 20  # violations listed in a verdict (all are counted)
 

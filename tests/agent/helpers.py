@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
@@ -189,11 +189,13 @@ def _reply(req: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
 class AgentProcess:
     """`phalanx agent` as a real process with fake GPUs, logging to `log`."""
 
-    def __init__(self, head_url: str, address: str, state_dir: Path, log: Path) -> None:
+    def __init__(
+        self, head_url: str, address: str, state_dir: Path, log: Path, extra: Sequence[str] = ()
+    ) -> None:
         self.log = log
         argv = [sys.executable, "-m", "phalanx", "agent", "--head", head_url]
         argv += ["--address", address, "--name", address, "--fake-gpus", "1"]
-        argv += ["--token", JOIN_TOKEN, "--state-dir", str(state_dir)]
+        argv += ["--token", JOIN_TOKEN, "--state-dir", str(state_dir), *extra]
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
 

@@ -7,7 +7,6 @@ import signal
 import sys
 from collections.abc import Hashable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -119,12 +118,14 @@ def test_missing_workdir_fails_cleanly(pm: ProcessManager, tmp_path: Path) -> No
 
 
 def test_command_not_found_and_not_executable(pm: ProcessManager, tmp_path: Path) -> None:
-    paths: dict[str, Any] = {"stdout": tmp_path / "o", "stderr": tmp_path / "e"}
-    missing = pm.start("a", ["no-such-cmd-xyz"], env={"PATH": "/bin"}, cwd=str(tmp_path), **paths)
+    out, err = tmp_path / "o", tmp_path / "e"
+    missing = pm.start(
+        "a", ["no-such-cmd-xyz"], env={"PATH": "/bin"}, cwd=str(tmp_path), stdout=out, stderr=err
+    )
     assert missing.exit_code == 127
     script = tmp_path / "s.sh"
     script.write_text("#!/bin/sh\n")
-    denied = pm.start("b", [str(script)], env={}, cwd=str(tmp_path), **paths)
+    denied = pm.start("b", [str(script)], env={}, cwd=str(tmp_path), stdout=out, stderr=err)
     assert denied.exit_code == 126
     errors = (tmp_path / "e").read_text()
     assert "no-such-cmd-xyz: command not found" in errors

@@ -16,7 +16,7 @@ from phalanx.testing.processes import pid_alive
 T = TypeVar("T")
 Stream = Literal["stdout", "stderr"]
 
-TERMINAL = frozenset({"CD", "F", "CA", "TO", "NF"})
+TERMINAL = frozenset({"CD", "F", "CA", "TO", "NF", "OOM"})
 # torch in several ranks on a 2-core machine: one thread each, or they fight for the cores.
 JOB_ENV = {"OMP_NUM_THREADS": "1"}
 
