@@ -187,8 +187,7 @@ def queue_times(cluster: LocalCluster, config_dir: Path) -> tuple[float, float, 
         models.append(time.perf_counter() - t0)
     env = {
         **os.environ,
-        "PHALANX_HEAD": cluster.url,
-        "PHALANX_TOKEN": cluster.admin_token,
+        **cluster.client_env(),
         "PHALANX_CONFIG_DIR": str(config_dir),
         "COLUMNS": "200",
     }

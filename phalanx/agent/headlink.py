@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from typing import Any
 
@@ -61,6 +62,7 @@ class HeadLink:
         heartbeat_s: float,
         secrets: set[str],
         health: HealthMonitor | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         # `head_url` may list several heads (a leader and its standbys), comma-separated:
         # the agent talks to one and moves to the next when it cannot be reached or is a
@@ -78,6 +80,7 @@ class HeadLink:
         self.lease_s = 3 * heartbeat_s
         self.secrets = secrets
         self.health = health  # GPU fault events (acked by the head) and check results
+        self.verify = verify  # how the head's TLS certificate is checked (its pinned CA)
         self.node_token: str | None = None
         self.version = 0
         self._reachable = True
@@ -91,7 +94,7 @@ class HeadLink:
         """Register and heartbeat until `stop` is set."""
         lease = asyncio.create_task(self._watch_lease())
         try:
-            async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as client:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(10.0), verify=self.verify) as client:
                 while not self.stop.is_set():
                     if self.node_token is None:
                         await self._register(client)

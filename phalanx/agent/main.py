@@ -18,6 +18,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from phalanx.api.models import RegisterRequest
+from phalanx.tls import TLSError, client_context
 
 from . import leftovers
 from .gpus import FakeProvider, GpuError, GpuProvider, detect
@@ -53,6 +54,7 @@ class AgentConfig:
     heartbeat_s: float = 2.0
     health_checks: tuple[Path, ...] = ()  # NHC-style scripts: exit 0 is healthy
     health_interval_s: float = 30.0  # how often they run; also each one's timeout
+    ca_file: Path | None = None  # the CA certificate the head's TLS is pinned to
 
 
 class _Server(uvicorn.Server):
@@ -70,12 +72,13 @@ def run_agent(cfg: AgentConfig, stop: threading.Event | None = None) -> None:
     try:
         _check_head_urls(cfg.head_url)
         _check_health_settings(cfg)
-        asyncio.run(_run(cfg, stop))
+        ca_pem = _read_ca(cfg.ca_file)
+        asyncio.run(_run(cfg, stop, ca_pem))
     except (GpuError, JoinRefused) as e:
         raise AgentError(str(e)) from e
 
 
-async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
+async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str | None) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     if threading.current_thread() is threading.main_thread():
@@ -96,7 +99,11 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
     agent_secret = secrets.token_urlsafe(32)
     keep_out: set[str] = {cfg.token, agent_secret}  # the node token joins once issued
     ctx = LaunchContext(
-        state_dir=state_dir, base_env=dict(os.environ), head_url=cfg.head_url, secrets=keep_out
+        state_dir=state_dir,
+        base_env=dict(os.environ),
+        head_url=cfg.head_url,
+        secrets=keep_out,
+        head_ca_pem=ca_pem,
     )
     procs = ProcessManager(on_change=notify)
     steps = StepManager(ctx, procs)
@@ -135,6 +142,7 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
             heartbeat_s=cfg.heartbeat_s,
             secrets=keep_out,
             health=health,
+            verify=client_context(ca_pem),
         )
         # Fences the jobs should this process be frozen or killed (it cannot, then).
         guard = start_guard(state_dir)
@@ -159,6 +167,18 @@ def _check_head_urls(value: str) -> None:
             raise AgentError(
                 f"--head {value!r}: expected http(s)://HOST:PORT, or several comma-separated"
             )
+
+
+def _read_ca(path: Path | None) -> str | None:
+    """The pinned CA certificate's PEM text (checked to load), or None: trust the system's."""
+    if path is None:
+        return None
+    try:
+        pem = path.read_text()
+        client_context(pem)
+    except (OSError, UnicodeDecodeError, TLSError) as e:
+        raise AgentError(f"--ca-file {path}: not a readable PEM certificate ({e})") from None
+    return pem
 
 
 def _check_health_settings(cfg: AgentConfig) -> None:

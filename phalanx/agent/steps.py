@@ -65,6 +65,7 @@ class StepManager:
                 bin_dir=self.ctx.bin_dir,
                 job_dir=self.ctx.job_dir(a.job_id, a.epoch),
                 secrets=self.ctx.secrets,
+                head_ca_pem=self.ctx.head_ca_pem,
             )
             key = task_key(a.job_id, req.step_id, task.task_id)
             state = self.procs.start(
