@@ -30,6 +30,7 @@ from .reconcile import LaunchContext, Reconciler
 from .server import create_app
 from .slurm_cmds import write_shims
 from .steps import StepManager
+from .tlsserve import AgentTLS
 
 log = logging.getLogger(__name__)
 
@@ -123,11 +124,20 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
         # (this agent reports their epochs lost and never runs them again).
         await asyncio.to_thread(leftovers.kill_orphans, state_dir)
         sock = _listen(cfg.address, cfg.port)
-        agent_url = f"http://{cfg.address}:{sock.getsockname()[1]}"
+        # With a pinned CA the agent's API serves TLS too, with a certificate the head
+        # signs at registration (the head's own CA); without one, plain HTTP.
+        agent_tls = AgentTLS(state_dir) if ca_pem is not None else None
+        scheme = "https" if agent_tls is not None else "http"
+        agent_url = f"{scheme}://{cfg.address}:{sock.getsockname()[1]}"
         request = _register_request(cfg, agent_url, agent_secret, gpus)
+        if agent_tls is not None:
+            request = request.model_copy(update={"csr": agent_tls.csr(cfg.name)})
         inject = gpus.inject if isinstance(gpus, FakeProvider) else None
         app = create_app(secret=agent_secret, reconciler=reconciler, steps=steps, inject=inject)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        if agent_tls is not None:
+            config.load()
+            config.ssl = agent_tls.context  # its certificate arrives with registration
         server = _Server(config)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         log.info("agent %s serving on %s with %d GPU(s)", cfg.name, agent_url, len(request.gpus))
@@ -143,6 +153,7 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
             secrets=keep_out,
             health=health,
             verify=client_context(ca_pem),
+            agent_tls=agent_tls,
         )
         # Fences the jobs should this process be frozen or killed (it cannot, then).
         guard = start_guard(state_dir)

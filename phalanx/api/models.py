@@ -252,12 +252,16 @@ class RegisterRequest(Wire):
     memory_mb: Annotated[int, Field(ge=1, le=MAX_INT32)]
     gpus: list[GpuInfo] = Field(max_length=MAX_GPUS_PER_NODE)
     labels: dict[Name, Name] = {}
+    # A PEM certificate request for the agent's API key: the head signs it with its CA
+    # (when it has one) so clients of the agent's API verify it as they verify the head.
+    csr: Annotated[str, StringConstraints(max_length=8192)] | None = None
 
 
 class RegisterResponse(Wire):
     node_token: str
     heartbeat_s: float
     lease_s: float
+    agent_cert: str | None = None  # the signed certificate for `csr` (PEM)
 
 
 class ProcessStatus(Wire):

@@ -62,6 +62,42 @@ class TLSRequest:
         return ensure_head_tls(state_dir / TLS_DIR, names)
 
 
+class AgentSigner:
+    """Signs agents' certificates with the head's CA at registration, so every client of an
+    agent's API (the head, `srun` in jobs, other agents) checks it against the one CA it
+    already pins. The names in the certificate are the head's choice (the node's registered
+    name and address), never the request's."""
+
+    def __init__(self, tls_dir: Path) -> None:
+        try:
+            self._ca = x509.load_pem_x509_certificate((tls_dir / CA_CERT).read_bytes())
+            key = serialization.load_pem_private_key((tls_dir / CA_KEY).read_bytes(), password=None)
+        except (OSError, ValueError) as e:
+            raise TLSError(f"cannot read the head's CA in {tls_dir}: {e}") from None
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise TLSError(f"{tls_dir / CA_KEY}: expected an ECDSA key")
+        self._key = key
+
+    def sign(self, csr_pem: str, names: Sequence[str], now: datetime.datetime | None = None) -> str:
+        """A server certificate for the key of `csr_pem` (whose signature must verify),
+        valid for `names`; TLSError for a request that is not a valid CSR."""
+        try:
+            csr = x509.load_pem_x509_csr(csr_pem.encode())
+        except ValueError as e:
+            raise TLSError(f"not a PEM certificate request: {e}") from None
+        if not csr.is_signature_valid:
+            raise TLSError("the certificate request's signature does not verify")
+        public = csr.public_key()
+        if not isinstance(public, ec.EllipticCurvePublicKey):
+            raise TLSError("the certificate request must carry an ECDSA key")
+        cert = _server_certificate(public, self._ca, self._key, names, now or _now())
+        return cert.public_bytes(serialization.Encoding.PEM).decode()
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
 def default_names(host: str) -> list[str]:
     """The names a head listening on `host` is reached by: the address itself, this
     machine's hostnames and loopback (a wildcard address stands for every one of them)."""
@@ -75,7 +111,7 @@ def ensure_head_tls(
 ) -> ServerTLS:
     """The head's CA (made once) and a server certificate for `names` signed by it, made
     anew when missing, close to its end, or not covering every name. Private keys 0600."""
-    now = now or datetime.datetime.now(datetime.UTC)
+    now = now or _now()
     tls_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(tls_dir, 0o700)
     ca_cert_path, ca_key_path = tls_dir / CA_CERT, tls_dir / CA_KEY
@@ -94,7 +130,7 @@ def ensure_head_tls(
     cert_path, key_path = tls_dir / SERVER_CERT, tls_dir / SERVER_KEY
     if _needs_new(cert_path, key_path, ca_cert, names, now):
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = _server_certificate(key, ca_cert, ca_key, names, now)
+        cert = _server_certificate(key.public_key(), ca_cert, ca_key, names, now)
         _write(key_path, _key_pem(key), 0o600)
         _write(cert_path, cert.public_bytes(serialization.Encoding.PEM), 0o644)
     return ServerTLS(certfile=cert_path, keyfile=key_path, ca_file=ca_cert_path)
@@ -177,7 +213,7 @@ def _ca_certificate(key: ec.EllipticCurvePrivateKey, now: datetime.datetime) -> 
 
 
 def _server_certificate(
-    key: ec.EllipticCurvePrivateKey,
+    public: ec.EllipticCurvePublicKey,
     ca_cert: x509.Certificate,
     ca_key: ec.EllipticCurvePrivateKey,
     names: Sequence[str],
@@ -187,7 +223,7 @@ def _server_certificate(
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
         .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
+        .public_key(public)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=SERVER_DAYS))

@@ -16,13 +16,13 @@ from sqlalchemy import Engine
 
 from phalanx.head import auth, db, leader, store
 from phalanx.head.app import create_app
-from phalanx.head.certs import TLSRequest
+from phalanx.head.certs import TLS_DIR, AgentSigner, TLSRequest
 from phalanx.head.control import ControlThread
 from phalanx.head.http import JoinedWritesProtocol
 from phalanx.head.migrate import upgrade
 from phalanx.head.mirror import Settings
 from phalanx.head.service import Head
-from phalanx.tls import TLSError
+from phalanx.tls import TLSError, client_context
 
 log = logging.getLogger("phalanx.head")
 
@@ -114,6 +114,10 @@ def serve(
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     head = Head(ControlThread(db.make_engine(database), settings))
+    if served is not None and served.ca_file is not None:
+        head.agent_verify = client_context(str(served.ca_file))
+        if tls is not None and tls.cert is None:  # its own CA: it signs agents' certificates
+            head.signer = AgentSigner(state_dir / TLS_DIR)
     role = leader.Role(leader=False)
     if leading:
         _lead(head, state_dir, role, election)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
+import re
 import socket
+import ssl
 import stat
 import subprocess
 import threading
@@ -19,7 +22,7 @@ from cryptography import x509
 
 from phalanx.client.api import ApiError, PhalanxClient
 from phalanx.head import certs
-from phalanx.local.cluster import free_port
+from phalanx.local.cluster import LocalCluster, free_port
 from phalanx.tls import TLSError, client_context
 from tests.head.heads import PHALANX, HeadServer
 
@@ -229,3 +232,111 @@ def test_the_token_crosses_the_wire_readable_only_without_tls(
     assert len(tap.sent) > 0
     # The same check both ways, so the plain run shows the tap would have seen it.
     assert (head.admin_token.encode() in tap.sent) is not tls
+
+
+# ------------------------------------------------------------------ the agents' API
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A head with its own CA and one agent that pins it (as `phalanx up` starts them)."""
+    with LocalCluster(tmp_path_factory.mktemp("tls"), nodes=1, gpus_per_node=1) as running:
+        yield running
+
+
+def test_agents_serve_their_api_with_a_certificate_the_head_signed_for_their_address(
+    cluster: LocalCluster,
+) -> None:
+    assert cluster.ca_file is not None
+    with cluster.client() as api:
+        (node,) = api.nodes().nodes
+    assert node.agent_url.startswith("https://127.0.0.2:")
+    port = int(node.agent_url.rsplit(":", 1)[1])
+    # Verified against the cluster's CA, for the node's own address.
+    context = ssl.create_default_context(cafile=str(cluster.ca_file))
+    with (
+        socket.create_connection(("127.0.0.2", port), timeout=10) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.2") as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    cert = x509.load_der_x509_certificate(der)
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.2"]
+    # Another address is not in it, and plain HTTP gets no answer from the API.
+    with (
+        socket.create_connection(("127.0.0.2", port), timeout=10) as raw,
+        pytest.raises(ssl.SSLCertVerificationError),
+    ):
+        context.wrap_socket(raw, server_hostname="127.0.0.9")
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(node.agent_url.replace("https://", "http://") + "/healthz", timeout=5)
+
+
+def test_logs_and_srun_reach_the_agents_over_tls(cluster: LocalCluster, tmp_path: Path) -> None:
+    script = tmp_path / "job.sbatch"
+    script.write_text("#!/bin/bash\n#SBATCH -N 1\nsrun echo step-over-tls\n")
+    env = {**os.environ, **cluster.client_env(), "PHALANX_CONFIG_DIR": str(tmp_path / "cfg")}
+    done = subprocess.run(
+        [*PHALANX, "submit", str(script), "--chdir", str(tmp_path), "--wait"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    match = re.search(r"Submitted job (\d+)", done.stdout)
+    assert match, done.stdout
+    logs = subprocess.run(
+        [*PHALANX, "logs", match.group(1)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert logs.returncode == 0, logs.stderr  # the head read it from the agent over TLS
+    assert "step-over-tls" in logs.stdout
+
+
+def test_a_certificate_request_that_is_not_one_is_refused_and_joins_nothing(
+    cluster: LocalCluster,
+) -> None:
+    assert cluster.ca_file is not None
+    body = {
+        "name": "forger",
+        "address": "127.0.0.77",
+        "agent_url": "https://127.0.0.77:1",
+        "agent_secret": "x" * 32,
+        "cpus": 1,
+        "memory_mb": 1,
+        "gpus": [],
+        "csr": "-----BEGIN CERTIFICATE REQUEST-----\nnot one\n-----END CERTIFICATE REQUEST-----\n",
+    }
+    r = httpx.post(
+        cluster.url + "/v1/agent/register",
+        json=body,
+        headers={"Authorization": f"Bearer {cluster.join_token}"},
+        verify=client_context(str(cluster.ca_file)),
+        timeout=10,
+    )
+    assert r.status_code == 422 and "csr" in r.text, r.text
+    with cluster.client() as api:
+        assert [n.name for n in api.nodes().nodes] == ["127.0.0.2"]
+
+
+def test_an_agent_that_pins_a_ca_refuses_a_head_that_cannot_sign_for_it(
+    tmp_path: Path, heads: list[HeadServer]
+) -> None:
+    head = _start(heads, tmp_path / "head", "--plain-http")
+    ca = certs.ensure_head_tls(tmp_path / "some-ca", ["127.0.0.1"]).ca_file
+    argv = [*PHALANX, "agent", "--head", head.url, "--address", "127.0.0.61"]
+    argv += ["--name", "n61", "--fake-gpus", "1", "--state-dir", str(tmp_path / "agent")]
+    argv += ["--ca-file", str(ca)]
+    done = subprocess.run(
+        argv,
+        env={**os.environ, "PHALANX_JOIN_TOKEN": head.join_token},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "did not sign this agent's API certificate" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
