@@ -13,7 +13,10 @@ Starts a real local cluster (head + 2 agents × 4 fake GPUs, real processes), th
   of values, `format=table`), the same jobs as JobInfo models (`client.jobs()`), and the
   whole `phalanx queue` command as a process (Python start-up included);
 - baseline, side by side: the same submits against a head with group commit turned off
-  (PHALANX_MAX_BATCH=1: one transaction, one fsync, per submit).
+  (PHALANX_MAX_BATCH=1: one transaction, one fsync, per submit);
+- TLS against plain HTTP, side by side: the cluster above serves TLS (the default); the
+  same start latency and submits against a cluster started with --plain-http (skip with
+  --no-plain), each client connection doing one TLS handshake, as a keep-alive client does.
 Prints one JSON object.
 """
 
@@ -24,6 +27,7 @@ import json
 import multiprocessing
 import os
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -62,16 +66,17 @@ def start_latency(cluster: LocalCluster, count: int) -> list[float]:
     return out
 
 
-def _client_process(args: tuple[str, str, list[int]]) -> None:
+def _client_process(args: tuple[str, str, str | None, list[int]]) -> None:
     """One load-generator process: a thread per connection, each submitting its share.
 
     Each connection is a plain keep-alive socket sending one complete, pre-encoded HTTP/1.1
     request at a time and reading the whole answer (status line, headers, Content-Length
     body) before the next: the load generator shares the head's 2 cores here, so it must
     cost little per request (http.client ~350 µs of CPU, httpx ~4 ms; this ~40 µs)."""
-    url, token, counts = args
+    url, token, ca, counts = args
     parsed = urlsplit(url)
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+    tls = ssl.create_default_context(cafile=ca) if parsed.scheme == "https" else None
     body = JobSpec(command=["sleep", "3600"], workdir="/tmp", name="flood").model_dump_json()
     payload = body.encode()
     request = (
@@ -82,8 +87,9 @@ def _client_process(args: tuple[str, str, list[int]]) -> None:
 
     def one(n: int) -> None:
         try:
-            with socket.create_connection((host, port), timeout=60) as conn:
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with socket.create_connection((host, port), timeout=60) as raw:
+                raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                conn = tls.wrap_socket(raw, server_hostname=host) if tls else raw
                 buffer = b""
                 for _ in range(n):
                     conn.sendall(request)
@@ -154,16 +160,18 @@ def steal_pct(before: tuple[int, int] | None, after: tuple[int, int] | None) -> 
     return round(100 * (after[0] - before[0]) / (after[1] - before[1]), 1)
 
 
-def flood(url: str, token: str, jobs: int, clients: int) -> tuple[float, float | None]:
+def flood(cluster: LocalCluster, jobs: int, clients: int) -> tuple[float, float | None]:
     """`clients` concurrent connections, spread over a few processes (so the load generator,
     not the head, is never the single-core bottleneck of one Python process): the seconds
     the submits took and the host's CPU steal meanwhile (percent; None where unknown)."""
     per_client = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
     procs = min(4, clients)
-    shares = [(url, token, per_client[i::procs]) for i in range(procs)]
+    url, token = cluster.url, cluster.admin_token
+    ca = str(cluster.ca_file) if cluster.ca_file else None
+    shares = [(url, token, ca, per_client[i::procs]) for i in range(procs)]
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(procs) as pool:
-        pool.map(_client_process, [(url, token, [1]) for _ in range(procs)])  # warm up
+        pool.map(_client_process, [(url, token, ca, [1]) for _ in range(procs)])  # warm up
         steal_before = cpu_steal()
         t0 = time.perf_counter()
         pool.map(_client_process, shares)
@@ -187,8 +195,7 @@ def queue_times(cluster: LocalCluster, config_dir: Path) -> tuple[float, float, 
         models.append(time.perf_counter() - t0)
     env = {
         **os.environ,
-        "PHALANX_HEAD": cluster.url,
-        "PHALANX_TOKEN": cluster.admin_token,
+        **cluster.client_env(),
         "PHALANX_CONFIG_DIR": str(config_dir),
         "COLUMNS": "200",
     }
@@ -205,14 +212,38 @@ def queue_times(cluster: LocalCluster, config_dir: Path) -> tuple[float, float, 
     return statistics.median(api), statistics.median(models), statistics.median(cli), count
 
 
-def run_cluster(root: Path, name: str, db_url: str | None, max_batch: int | None) -> LocalCluster:
+def run_cluster(
+    root: Path, name: str, db_url: str | None, max_batch: int | None, tls: bool = True
+) -> LocalCluster:
     if max_batch is not None:
         os.environ["PHALANX_MAX_BATCH"] = str(max_batch)
     else:
         os.environ.pop("PHALANX_MAX_BATCH", None)
-    cluster = LocalCluster(root / name, nodes=2, gpus_per_node=4, db_url=db_url)
+    cluster = LocalCluster(root / name, nodes=2, gpus_per_node=4, db_url=db_url, tls=tls)
     cluster.start()
     return cluster
+
+
+def plain_run(
+    root: Path, db_url: str | None, args: argparse.Namespace, tls_rate: float, tls_lat: list[float]
+) -> dict[str, object]:
+    """The same start latency and submits against a head serving plain HTTP (the TLS run's
+    figures are the top-level ones), with the ratios TLS / plain."""
+    plain = run_cluster(root, "plain", db_url, None, tls=False)
+    try:
+        lat = start_latency(plain, args.starts)
+        elapsed, steal = flood(plain, args.jobs, args.clients)
+    finally:
+        plain.stop()
+    rate = args.jobs / elapsed
+    return {
+        "submits_per_s": round(rate, 1),
+        "cpu_steal_pct_during_submits": steal,
+        "start_p50_s": round(percentile(lat, 0.5), 4),
+        "start_p99_s": round(percentile(lat, 0.99), 4),
+        "tls_submit_rate_ratio": round(tls_rate / rate, 3),
+        "tls_start_p50_ratio": round(percentile(tls_lat, 0.5) / percentile(lat, 0.5), 3),
+    }
 
 
 def main() -> None:
@@ -222,6 +253,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--starts", type=int, default=40)
     parser.add_argument("--baseline-jobs", type=int, default=2_000)
+    parser.add_argument(
+        "--no-plain", action="store_true", help="skip the plain-HTTP run beside the TLS one"
+    )
     args = parser.parse_args()
     if args.clients < 1 or args.jobs < args.clients or args.starts < 1:
         parser.error("need --clients ≥ 1, --jobs ≥ --clients and --starts ≥ 1")
@@ -234,7 +268,7 @@ def main() -> None:
         try:
             lat = start_latency(cluster, args.starts)
             print(f"start latency measured over {len(lat)} jobs", file=sys.stderr)
-            elapsed, steal = flood(cluster.url, cluster.admin_token, args.jobs, args.clients)
+            elapsed, steal = flood(cluster, args.jobs, args.clients)
             api_s, models_s, cli_s, count = queue_times(cluster, root / "config")
             total = len(cluster.client().jobs(active=True, ended=True, limit=100_000).jobs)
         finally:
@@ -246,7 +280,7 @@ def main() -> None:
             pg.reset()
         base = run_cluster(root, "baseline", pg.url if pg else None, 1)
         try:
-            base_elapsed, _ = flood(base.url, base.admin_token, args.baseline_jobs, args.clients)
+            base_elapsed, _ = flood(base, args.baseline_jobs, args.clients)
             base_total = len(base.client().jobs(active=True, ended=True, limit=100_000).jobs)
         finally:
             base.stop()
@@ -256,6 +290,10 @@ def main() -> None:
             raise SystemExit(f"baseline: only {base_total} of {base_expected} jobs were stored")
         rate = args.jobs / elapsed
         base_rate = args.baseline_jobs / base_elapsed
+        if not args.no_plain:
+            if pg:
+                pg.reset()
+            result["plain_http"] = plain_run(root, pg.url if pg else None, args, rate, lat)
         result.update(
             submits_per_s=round(rate, 1),
             cpu_steal_pct_during_submits=steal,

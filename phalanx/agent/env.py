@@ -7,6 +7,7 @@ from pathlib import Path
 
 from phalanx.api.models import Assignment, StepTask
 from phalanx.jobspec.hostlist import compress
+from phalanx.tls import CA_PEM_ENV
 
 # Variables in these families come only from the agent: stale copies inherited from the
 # agent's own environment or captured from the submitting shell would lie to the job.
@@ -72,6 +73,7 @@ def job_env(
     bin_dir: Path | None = None,
     job_dir: Path | None = None,
     secrets: Collection[str] = (),
+    head_ca_pem: str | None = None,
 ) -> dict[str, str]:
     """The full environment of one process of assignment `a` (docs/control-plane.md).
 
@@ -80,6 +82,7 @@ def job_env(
     launches with the port it picked before the head echoes it). `bin_dir` goes first on
     PATH (the srun/scontrol shims). `secrets` are the agent's credentials: any variable
     holding one is dropped, as is every inherited SLURM_*/PHALANX_* variable.
+    `head_ca_pem`: the CA certificate the head's TLS is pinned to (PHALANX_CA_PEM).
     """
     env = _clean(base, secrets)
     env.update(_clean(a.env, secrets))
@@ -143,6 +146,8 @@ def job_env(
         env["SLURM_ARRAY_JOB_ID"] = str(a.array_job_id)
     if head_url is not None:
         env["PHALANX_HEAD"] = head_url
+    if head_ca_pem:
+        env[CA_PEM_ENV] = head_ca_pem
     if job_dir is not None:
         env["PHALANX_JOB_DIR"] = str(job_dir)
     if bin_dir is not None:
@@ -215,6 +220,7 @@ def step_env(
     bin_dir: Path | None = None,
     job_dir: Path | None = None,
     secrets: Collection[str] = (),
+    head_ca_pem: str | None = None,
 ) -> dict[str, str]:
     """The environment of one `srun` task on this node.
 
@@ -227,7 +233,13 @@ def step_env(
     whole step.
     """
     node = job_env(
-        a, base=base, head_url=head_url, bin_dir=bin_dir, job_dir=job_dir, secrets=secrets
+        a,
+        base=base,
+        head_url=head_url,
+        bin_dir=bin_dir,
+        job_dir=job_dir,
+        secrets=secrets,
+        head_ca_pem=head_ca_pem,
     )
     env = _clean(base, secrets)
     env.update({k: v for k, v in node.items() if k.startswith(_AGENT_OWNED_PREFIXES)})

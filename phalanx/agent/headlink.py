@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from typing import Any
 
@@ -23,6 +24,7 @@ from .gpus import GpuProvider
 from .guard import LeaseFile
 from .health import HealthMonitor
 from .reconcile import Reconciler
+from .tlsserve import AgentTLS
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,8 @@ class HeadLink:
         heartbeat_s: float,
         secrets: set[str],
         health: HealthMonitor | None = None,
+        verify: ssl.SSLContext | bool = True,
+        agent_tls: AgentTLS | None = None,
     ) -> None:
         # `head_url` may list several heads (a leader and its standbys), comma-separated:
         # the agent talks to one and moves to the next when it cannot be reached or is a
@@ -78,6 +82,8 @@ class HeadLink:
         self.lease_s = 3 * heartbeat_s
         self.secrets = secrets
         self.health = health  # GPU fault events (acked by the head) and check results
+        self.verify = verify  # how the head's TLS certificate is checked (its pinned CA)
+        self.agent_tls = agent_tls  # the agent API's TLS, whose certificate the head signs
         self.node_token: str | None = None
         self.version = 0
         self._reachable = True
@@ -91,7 +97,7 @@ class HeadLink:
         """Register and heartbeat until `stop` is set."""
         lease = asyncio.create_task(self._watch_lease())
         try:
-            async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as client:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(10.0), verify=self.verify) as client:
                 while not self.stop.is_set():
                     if self.node_token is None:
                         await self._register(client)
@@ -119,6 +125,17 @@ class HeadLink:
         if r.status_code != 200:
             return await self._failed(f"head answered {r.status_code} to register")
         reg = RegisterResponse.model_validate_json(r.content)
+        if self.agent_tls is not None:
+            if reg.agent_cert is None:
+                raise JoinRefused(
+                    "the head did not sign this agent's API certificate (it serves an "
+                    "operator's certificate, or plain HTTP): start the agent without --ca-file, "
+                    "so its API serves plain HTTP, or let the head serve with its own CA"
+                )
+            try:
+                self.agent_tls.install(reg.agent_cert)
+            except (OSError, ssl.SSLError) as e:
+                raise JoinRefused(f"cannot serve the certificate the head signed: {e}") from None
         self._misses = 0
         self.node_token = reg.node_token
         self.secrets.add(reg.node_token)

@@ -18,6 +18,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from phalanx.api.models import MAX_CONFINEMENT, RegisterRequest
+from phalanx.tls import TLSError, client_context
 
 from . import cgroups, leftovers
 from .confine import JobConfiner
@@ -31,6 +32,7 @@ from .reconcile import LaunchContext, Reconciler
 from .server import create_app
 from .slurm_cmds import write_shims
 from .steps import StepManager
+from .tlsserve import AgentTLS
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,7 @@ class AgentConfig:
     cgroup_parent: str = cgroups.DEFAULT_PARENT  # the cgroup every agent's jobs go under
     job_pids_max: int | None = cgroups.DEFAULT_PIDS_MAX  # per job and node; None: unlimited
     gpu_dev_dir: Path | None = None  # fake GPUs' device files (nvidia0…), for tests
+    ca_file: Path | None = None  # the CA certificate the head's TLS is pinned to
 
 
 class _Server(uvicorn.Server):
@@ -76,12 +79,13 @@ def run_agent(cfg: AgentConfig, stop: threading.Event | None = None) -> None:
     try:
         _check_head_urls(cfg.head_url)
         _check_health_settings(cfg)
-        asyncio.run(_run(cfg, stop))
+        ca_pem = _read_ca(cfg.ca_file)
+        asyncio.run(_run(cfg, stop, ca_pem))
     except (GpuError, JoinRefused) as e:
         raise AgentError(str(e)) from e
 
 
-async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
+async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str | None) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     if threading.current_thread() is threading.main_thread():
@@ -110,7 +114,11 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
     # A job never inherits the agent's environment: a standard PATH and locale, then its
     # user's login variables, its own exported ones and the agent's (env.py).
     ctx = LaunchContext(
-        state_dir=state_dir, base_env=sane_env(), head_url=cfg.head_url, secrets=keep_out
+        state_dir=state_dir,
+        base_env=sane_env(),
+        head_url=cfg.head_url,
+        secrets=keep_out,
+        head_ca_pem=ca_pem,
     )
     procs = ProcessManager(on_change=notify)
     steps = StepManager(ctx, procs)
@@ -151,11 +159,20 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
         # (this agent reports their epochs lost and never runs them again).
         await asyncio.to_thread(leftovers.kill_orphans, state_dir)
         sock = _listen(cfg.address, cfg.port)
-        agent_url = f"http://{cfg.address}:{sock.getsockname()[1]}"
+        # With a pinned CA the agent's API serves TLS too, with a certificate the head
+        # signs at registration (the head's own CA); without one, plain HTTP.
+        agent_tls = AgentTLS(state_dir) if ca_pem is not None else None
+        scheme = "https" if agent_tls is not None else "http"
+        agent_url = f"{scheme}://{cfg.address}:{sock.getsockname()[1]}"
         request = _register_request(cfg, agent_url, agent_secret, gpus, confinement.describe)
+        if agent_tls is not None:
+            request = request.model_copy(update={"csr": agent_tls.csr(cfg.name)})
         inject = gpus.inject if isinstance(gpus, FakeProvider) else None
         app = create_app(secret=agent_secret, reconciler=reconciler, steps=steps, inject=inject)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        if agent_tls is not None:
+            config.load()
+            config.ssl = agent_tls.context  # its certificate arrives with registration
         server = _Server(config)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         log.info("agent %s serving on %s with %d GPU(s)", cfg.name, agent_url, len(request.gpus))
@@ -170,6 +187,8 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
             heartbeat_s=cfg.heartbeat_s,
             secrets=keep_out,
             health=health,
+            verify=client_context(ca_pem),
+            agent_tls=agent_tls,
         )
         # Fences the jobs should this process be frozen or killed (it cannot, then).
         guard = start_guard(state_dir)
@@ -195,6 +214,18 @@ def _check_head_urls(value: str) -> None:
             raise AgentError(
                 f"--head {value!r}: expected http(s)://HOST:PORT, or several comma-separated"
             )
+
+
+def _read_ca(path: Path | None) -> str | None:
+    """The pinned CA certificate's PEM text (checked to load), or None: trust the system's."""
+    if path is None:
+        return None
+    try:
+        pem = path.read_text()
+        client_context(pem)
+    except (OSError, UnicodeDecodeError, TLSError) as e:
+        raise AgentError(f"--ca-file {path}: not a readable PEM certificate ({e})") from None
+    return pem
 
 
 def _check_health_settings(cfg: AgentConfig) -> None:

@@ -51,6 +51,7 @@ class LaunchContext:
     base_env: Mapping[str, str]
     head_url: str | None = None
     secrets: Collection[str] = ()
+    head_ca_pem: str | None = None  # the CA the head's TLS is pinned to, for jobs
 
     @property
     def bin_dir(self) -> Path:
@@ -260,6 +261,7 @@ class Reconciler:
                 bin_dir=self.ctx.bin_dir,
                 job_dir=job_dir,
                 secrets=self.ctx.secrets,
+                head_ca_pem=self.ctx.head_ca_pem,
             )
             state = self.procs.start(
                 pkey,

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from phalanx.jobspec import JobSpecError, hostlist
+from phalanx.tls import CA_PEM_ENV
 
 
 class CommandError(Exception):
@@ -46,7 +47,7 @@ def srun_main(argv: Sequence[str]) -> int:
         return 1
     for option in opts.ignored:
         print(f"srun: note: {option} is accepted and ignored by Phalanx", file=sys.stderr)
-    client = Http(job.step_token)
+    client = Http(job.step_token, os.environ.get(CA_PEM_ENV))
     step = StepRun(client, job, plan, workdir(opts), label=opts.label)
     # Handlers first: a signal that arrives while the step launches still cancels it.
     previous = {sig: signal.signal(sig, step.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -6,6 +6,7 @@ import fcntl
 import http.client
 import json
 import os
+import ssl
 import sys
 import time
 from types import FrameType
@@ -13,6 +14,7 @@ from typing import TextIO
 from urllib.parse import urlencode, urlsplit
 
 from phalanx.api.models import LogChunk, StepLaunch, StepStatus
+from phalanx.tls import CA_PEM_ENV
 
 from .stepplan import JobContext, NodeTasks, SrunError
 
@@ -30,11 +32,14 @@ class Response:
 
 
 class Http:
-    """Minimal keep-alive HTTP client (stdlib: srun starts fast inside job scripts)."""
+    """Minimal keep-alive HTTP client (stdlib: srun starts fast inside job scripts). Agents
+    serving TLS are checked against `ca_pem` (PHALANX_CA_PEM: the cluster's CA)."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, ca_pem: str | None = None) -> None:
         self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         self.conns: dict[str, http.client.HTTPConnection] = {}
+        self._ca_pem = ca_pem
+        self._tls: ssl.SSLContext | None = None
 
     def request(
         self,
@@ -53,7 +58,7 @@ class Http:
         for attempt in (1, 2) if method != "POST" else (2,):
             conn = self.conns.get(parts.netloc)
             if conn is None:
-                conn = http.client.HTTPConnection(parts.netloc, timeout=30)
+                conn = self._connect(parts.scheme, parts.netloc)
                 self.conns[parts.netloc] = conn
             try:
                 conn.request(method, target, body=data, headers=self.headers)
@@ -65,6 +70,15 @@ class Http:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
+
+    def _connect(self, scheme: str, netloc: str) -> http.client.HTTPConnection:
+        if scheme != "https":
+            return http.client.HTTPConnection(netloc, timeout=30)
+        if self._tls is None:
+            if not self._ca_pem:
+                raise OSError(f"{netloc} serves TLS and {CA_PEM_ENV} is not set")
+            self._tls = ssl.create_default_context(cadata=self._ca_pem)
+        return http.client.HTTPSConnection(netloc, timeout=30, context=self._tls)
 
     def close(self) -> None:
         """Close every connection."""

@@ -77,6 +77,7 @@ class StepManager:
                 bin_dir=self.ctx.bin_dir,
                 job_dir=self.ctx.job_dir(a.job_id, a.epoch),
                 secrets=self.ctx.secrets,
+                head_ca_pem=self.ctx.head_ca_pem,
             )
             state = self.procs.start(
                 key,

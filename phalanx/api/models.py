@@ -257,12 +257,16 @@ class RegisterRequest(Wire):
     labels: dict[Name, Name] = {}
     # How the agent confines jobs: "cgroup-v1", "cgroup-v2 (…)" or "none: <reason>".
     confinement: Annotated[str, StringConstraints(max_length=MAX_CONFINEMENT)] = "unknown"
+    # A PEM certificate request for the agent's API key: the head signs it with its CA
+    # (when it has one) so clients of the agent's API verify it as they verify the head.
+    csr: Annotated[str, StringConstraints(max_length=8192)] | None = None
 
 
 class RegisterResponse(Wire):
     node_token: str
     heartbeat_s: float
     lease_s: float
+    agent_cert: str | None = None  # the signed certificate for `csr` (PEM)
 
 
 class ProcessStatus(Wire):

@@ -42,7 +42,7 @@ def connect(head: str | None, token: str | None) -> Iterator[PhalanxClient]:
 
     try:
         config = resolve(head, token)
-        with PhalanxClient(config.head, config.token) as client:
+        with PhalanxClient(config.head, config.token, ca=config.ca) as client:
             yield client
     except (ApiError, ConfigError) as exc:
         fail(str(exc))

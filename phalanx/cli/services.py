@@ -8,11 +8,14 @@ import socket
 import time
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from phalanx.cli.output import fail
+
+if TYPE_CHECKING:
+    from phalanx.head.certs import TLSRequest
 
 
 def head(
@@ -74,8 +77,54 @@ def head(
             "head's own Unix account, not the account named like them (`phalanx up`).",
         ),
     ] = False,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            help="Serve with this certificate (PEM; with --tls-key) instead of the head's own "
+            "CA's.",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(help="Private key of --tls-cert (PEM).", dir_okay=False, show_default=False),
+    ] = None,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option(
+            help="CA certificate that signed --tls-cert, for clients and jobs to pin "
+            "(default: none; they use the system's trust store).",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
+    tls_name: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Extra name or address clients reach the head by, for its own certificate "
+            "(repeatable; the listen address, hostname and loopback are always in).",
+            show_default=False,
+        ),
+    ] = None,
+    plain_http: Annotated[
+        bool,
+        typer.Option(
+            help="Serve plain HTTP, without TLS: tokens cross the network readable. Allowed on "
+            "a loopback --host only, unless --plain-http-anywhere.",
+        ),
+    ] = False,
+    plain_http_anywhere: Annotated[
+        bool,
+        typer.Option(help="Allow --plain-http on a non-loopback --host (a trusted network)."),
+    ] = False,
 ) -> None:
-    """Run the head: REST API, scheduler and state (blocks; Ctrl-C stops it)."""
+    """Run the head: REST API, scheduler and state (blocks; Ctrl-C stops it).
+
+    The API is served over TLS by default: on first start the head makes a private CA and
+    a server certificate in STATE_DIR/tls (clients pin STATE_DIR/tls/ca.crt), or serves
+    the operator's certificate (--tls-cert, --tls-key).
+    """
     from phalanx.head.mirror import Settings
     from phalanx.head.server import serve
 
@@ -94,8 +143,40 @@ def head(
         state_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         fail(f"cannot create the state dir {state_dir}: {exc.strerror}")
+    tls = _head_tls(
+        host, tls_cert, tls_key, tls_ca, tls_name or [], plain_http, plain_http_anywhere
+    )
     with contextlib.suppress(KeyboardInterrupt):
-        serve(state_dir, host, port, db, settings)
+        serve(state_dir, host, port, db, settings, tls)
+
+
+def _head_tls(
+    host: str,
+    cert: Path | None,
+    key: Path | None,
+    ca: Path | None,
+    names: list[str],
+    plain: bool,
+    plain_anywhere: bool,
+) -> TLSRequest | None:
+    """What TLS the flags ask for (None: plain HTTP), or a one-line failure."""
+    from phalanx.head.certs import TLSRequest
+    from phalanx.tls import is_loopback
+
+    if plain or plain_anywhere:
+        if cert or key or ca or names:
+            fail("--plain-http serves without TLS: drop the --tls-* options, or --plain-http")
+        if not is_loopback(host) and not plain_anywhere:
+            fail(
+                f"--plain-http on --host {host} would send tokens readable over the network; "
+                "serve TLS (the default), or add --plain-http-anywhere on a trusted network"
+            )
+        return None
+    if bool(cert) != bool(key):
+        fail("--tls-cert and --tls-key go together")
+    if ca and not cert:
+        fail("--tls-ca names the CA of --tls-cert; without --tls-cert the head makes its own")
+    return TLSRequest(cert=cert, key=key, ca=ca, names=tuple(names))
 
 
 def _labels(values: list[str]) -> dict[str, str]:
@@ -185,6 +266,17 @@ def agent(
             show_default=False,
         ),
     ] = None,
+    ca_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="The head's CA certificate to pin (its STATE_DIR/tls/ca.crt; default: "
+            "$PHALANX_CA_FILE, else the system's trust store).",
+            envvar="PHALANX_CA_FILE",
+            show_envvar=False,
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run an agent on this server: join the head, run the jobs it assigns (blocks)."""
     from phalanx.agent.main import AgentConfig, AgentError, run_agent
@@ -212,6 +304,7 @@ def agent(
         cgroup_parent=cgroup_parent,
         job_pids_max=job_pids_max or None,
         gpu_dev_dir=fake_gpu_dev_dir,
+        ca_file=ca_file,
     )
     try:
         run_agent(config)
@@ -268,7 +361,8 @@ def up(
         typer.echo("stopped")
         return
     try:
-        config = save(cluster.url, cluster.admin_token)
+        ca = str(cluster.ca_file) if cluster.ca_file else None
+        config = save(cluster.url, cluster.admin_token, ca=ca)
         typer.echo(
             f"Phalanx is up: head {cluster.url}, {nodes} nodes × {gpus_per_node} "
             f"fake {gpu_model} GPUs\n"

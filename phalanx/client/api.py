@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import ssl
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,6 +41,7 @@ from phalanx.api.models import (
     UserUpdate,
     WhoAmI,
 )
+from phalanx.tls import CA_FILE_ENV, TLSError, client_context
 
 log = logging.getLogger("phalanx.client")
 M = TypeVar("M", bound=BaseModel)
@@ -75,6 +77,20 @@ class HeadUnreachable(ApiError):
 def new_idempotency_key() -> str:
     """A fresh random key for one submit (32 hex digits)."""
     return uuid.uuid4().hex
+
+
+_TLS_HINT = (
+    f" (pin the head's CA: set {CA_FILE_ENV} to its STATE_DIR/tls/ca.crt, or put "
+    '"ca" in the client config)'
+)
+
+
+def _untrusted(exc: httpx.TransportError) -> bool:
+    """Whether the head's TLS certificate failed verification."""
+    cause = exc.__cause__ or exc.__context__
+    return isinstance(cause, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(
+        exc
+    )
 
 
 def _detail(response: httpx.Response) -> str:
@@ -117,12 +133,17 @@ class PhalanxClient:
         *,
         timeout: float = 30.0,
         submit_retry_s: float = 30.0,
+        ca: str | None = None,
     ) -> None:
         self.urls = _head_urls(url)
         self.submit_retry_s = submit_retry_s
         self._current = 0
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(headers=headers, timeout=timeout)
+        try:
+            verify = client_context(ca)
+        except TLSError as exc:
+            raise ApiError(None, str(exc)) from None
+        self._http = httpx.Client(headers=headers, timeout=timeout, verify=verify)
 
     @property
     def url(self) -> str:
@@ -173,6 +194,9 @@ class PhalanxClient:
                     raise HeadUnreachable(problems[-1]) from None
                 continue
             except httpx.TransportError as exc:
+                if _untrusted(exc):  # a setting to fix, not an outage to wait out
+                    msg = f"the head at {url} is not trusted: {exc}{_TLS_HINT}"
+                    raise ApiError(None, msg) from None
                 problems.append(f"cannot reach head at {url}: {exc}")
                 if not (resendable or isinstance(exc, httpx.ConnectError)):
                     # It may have been received: sending it again could repeat it.

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import typer
 
+from phalanx.tls import CA_FILE_ENV
+
 CONFIG_DIR_ENV = "PHALANX_CONFIG_DIR"
 HEAD_ENV = "PHALANX_HEAD"
 TOKEN_ENV = "PHALANX_TOKEN"
@@ -26,6 +28,7 @@ class ClientConfig:
 
     head: str
     token: str
+    ca: str | None = None  # the CA certificate file to pin (a head with its own CA)
 
     @property
     def heads(self) -> list[str]:
@@ -46,7 +49,7 @@ def config_path(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def load_file(path: Path) -> dict[str, str]:
-    """The `head` and `token` stored in `path`; {} if the file does not exist."""
+    """The `head`, `token` and `ca` stored in `path`; {} if the file does not exist."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -60,7 +63,7 @@ def load_file(path: Path) -> dict[str, str]:
     if not isinstance(data, dict):
         raise ConfigError(f'{path} must hold a JSON object {{"head": URL, "token": TOKEN}}')
     out: dict[str, str] = {}
-    for key in ("head", "token"):
+    for key in ("head", "token", "ca"):
         value = data.get(key)
         if value is None:
             continue
@@ -72,8 +75,9 @@ def load_file(path: Path) -> dict[str, str]:
     return out
 
 
-def save(head: str, token: str, path: Path | None = None) -> Path:
-    """Write the config file readable by its owner only (0600; the token is a secret)."""
+def save(head: str, token: str, path: Path | None = None, ca: str | None = None) -> Path:
+    """Write the config file readable by its owner only (0600; the token is a secret).
+    `ca`: the CA certificate file the client pins (the head's own CA)."""
     target = config_path() if path is None else path
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
@@ -82,7 +86,8 @@ def save(head: str, token: str, path: Path | None = None) -> Path:
     try:
         os.fchmod(fd, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"head": head, "token": token}, f, indent=2)
+            data = {"head": head, "token": token} | ({"ca": ca} if ca else {})
+            json.dump(data, f, indent=2)
             f.write("\n")
         os.replace(tmp, target)
     except BaseException:
@@ -98,6 +103,8 @@ def resolve(
 ) -> ClientConfig:
     """Head URL(s) and token, each from the flag, else `PHALANX_HEAD`/`PHALANX_TOKEN`, else
     the file. Several heads are comma-separated (`URL1,URL2`) or, in the file, a list.
+    The CA to pin comes from `PHALANX_CA_FILE`, else the file's `ca` (else the system's
+    trust store).
 
     Raises ConfigError naming what is missing and how to provide it.
     """
@@ -105,10 +112,12 @@ def resolve(
     head = head or env.get(HEAD_ENV) or None
     token = token or env.get(TOKEN_ENV) or None
     path = config_path(env)
-    if head is None or token is None:
+    ca = env.get(CA_FILE_ENV) or None
+    if head is None or token is None or ca is None:
         stored = load_file(path)
         head = head or stored.get("head")
         token = token or stored.get("token")
+        ca = ca or stored.get("ca")
     missing = [name for name, value in (("head URL", head), ("token", token)) if not value]
     if missing or head is None or token is None:
         raise ConfigError(
@@ -116,7 +125,7 @@ def resolve(
             f"cluster, or pass --head URL --token TOKEN (or set {HEAD_ENV}/{TOKEN_ENV}, "
             f"or write {path})"
         )
-    return ClientConfig(head=normalize_heads(head), token=token)
+    return ClientConfig(head=normalize_heads(head), token=token, ca=ca)
 
 
 def normalize_heads(head: str) -> str:

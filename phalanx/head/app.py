@@ -292,7 +292,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         head.loop = asyncio.get_running_loop()
-        async with httpx.AsyncClient(timeout=10.0) as client:
+        async with httpx.AsyncClient(timeout=10.0, verify=head.agent_verify) as client:
             _app.state.http = client
             yield
 

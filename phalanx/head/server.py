@@ -16,11 +16,13 @@ from sqlalchemy import Engine
 
 from phalanx.head import auth, db, leader, store
 from phalanx.head.app import create_app
+from phalanx.head.certs import TLS_DIR, AgentSigner, TLSRequest
 from phalanx.head.control import ControlThread
 from phalanx.head.http import JoinedWritesProtocol
 from phalanx.head.migrate import upgrade
 from phalanx.head.mirror import Settings
 from phalanx.head.service import Head
+from phalanx.tls import TLSError, client_context
 
 log = logging.getLogger("phalanx.head")
 
@@ -83,8 +85,11 @@ def serve(
     port: int = 8265,
     db_url: str | None = None,
     settings: Settings | None = None,
+    tls: TLSRequest | None = None,
 ) -> None:
-    """Run the head until SIGINT/SIGTERM. Prints `head listening on URL` once it serves.
+    """Run the head until SIGINT/SIGTERM. Prints `head listening on URL` once it serves:
+    https with `tls` (certificates made or checked once this head owns the state dir),
+    else plain http (the CLI allows that on loopback only, unless told otherwise).
 
     One writer per database (docs/high-availability.md): on SQLite the state dir's lock
     (exit 2 if another head holds it); on PostgreSQL the leader lock; a head that does not
@@ -92,7 +97,7 @@ def serve(
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per log proxy call
-    url = f"http://{host}:{port}"
+    url = f"{'https' if tls else 'http'}://{_url_host(host)}:{port}"
     settings = replace(settings or Settings(), public_url=url)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(state_dir, 0o700)  # tokens and the database: no job may read them
@@ -105,10 +110,15 @@ def serve(
         else:
             _state_lock = leader.lock_state_dir(state_dir)  # held while we run
             leading = True
-    except (leader.AlreadyRunning, leader.ElectionError) as e:
+        served = tls.resolve(state_dir, host) if tls is not None else None
+    except (leader.AlreadyRunning, leader.ElectionError, TLSError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     head = Head(ControlThread(db.make_engine(database), settings))
+    if served is not None and served.ca_file is not None:
+        head.agent_verify = client_context(str(served.ca_file))
+        if tls is not None and tls.cert is None:  # its own CA: it signs agents' certificates
+            head.signer = AgentSigner(state_dir / TLS_DIR)
     role = leader.Role(leader=False)
     if leading:
         _lead(head, state_dir, role, election)
@@ -128,6 +138,8 @@ def serve(
         server_header=False,
         timeout_graceful_shutdown=3,
         http=JoinedWritesProtocol,  # an answer's header and body in one send
+        ssl_certfile=str(served.certfile) if served else None,
+        ssl_keyfile=str(served.keyfile) if served else None,
     )
     server = uvicorn.Server(config)
 
@@ -138,6 +150,8 @@ def serve(
             standby = "" if role.leader else " (standby)"
             print(f"head listening on {url}{standby}", flush=True)
             print(f"admin token in {state_dir / ADMIN_TOKEN_FILE}", flush=True)
+            if served is not None and served.ca_file is not None:
+                print(f"CA certificate in {served.ca_file} (clients pin it)", flush=True)
 
     threading.Thread(target=announce, daemon=True).start()
     _tune_gc()
@@ -151,6 +165,11 @@ def serve(
     if not server.started:
         print(f"error: the head could not listen on {host}:{port}", file=sys.stderr)
         raise SystemExit(1)
+
+
+def _url_host(host: str) -> str:
+    """`host` as it goes in a URL (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host else host
 
 
 # Young-generation size of the cyclic garbage collector (Python's default: 700 objects).

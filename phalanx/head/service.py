@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import ssl
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -12,10 +13,12 @@ from typing import Any
 from phalanx.api import models as m
 from phalanx.head import auth, jobs, reports, store
 from phalanx.head.auth import AuthError, Forbidden, Principal
+from phalanx.head.certs import AgentSigner
 from phalanx.head.control import ControlThread, HeadError, _core_team
 from phalanx.head.mirror import Tx
 from phalanx.head.records import JobRecord, NodeRecord
 from phalanx.head.scheduling import pending_reason
+from phalanx.tls import TLSError
 
 
 class Head:
@@ -25,6 +28,10 @@ class Head:
         self._principals: dict[str, Principal] = {}
         self._wakers: dict[str, asyncio.Event] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
+        # Signs agents' API certificates (a head serving TLS with its own CA), and how the
+        # head checks them when it calls an agent (log reads, fault injection).
+        self.signer: AgentSigner | None = None
+        self.agent_verify: ssl.SSLContext | bool = True
         control.on_commit = self._on_commit
 
     # ------------------------------------------------------------------ auth
@@ -215,6 +222,7 @@ class Head:
         if who.kind != "join":
             raise Forbidden("agents register with a join token")
         token = auth.new_token("node")
+        agent_cert = self._agent_cert(req)  # a bad request changes nothing
 
         def op(tx: Tx) -> None:
             now = time.time()
@@ -246,7 +254,21 @@ class Head:
         self.control.call(op)
         self.forget_principals()  # the node's old credential was revoked
         s = self.mirror.settings
-        return m.RegisterResponse(node_token=token, heartbeat_s=s.heartbeat_s, lease_s=s.lease_s)
+        return m.RegisterResponse(
+            node_token=token,
+            heartbeat_s=s.heartbeat_s,
+            lease_s=s.lease_s,
+            agent_cert=agent_cert,
+        )
+
+    def _agent_cert(self, req: m.RegisterRequest) -> str | None:
+        """The agent's API certificate, for its registered name and address only."""
+        if req.csr is None or self.signer is None:
+            return None
+        try:
+            return self.signer.sign(req.csr, list(dict.fromkeys([req.address, req.name])))
+        except TLSError as e:
+            raise HeadError(422, f"csr: {e}") from None
 
     async def heartbeat(self, who: Principal, hb: m.Heartbeat) -> m.DesiredState:
         if who.kind != "node" or who.node != hb.name:

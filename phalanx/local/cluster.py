@@ -18,11 +18,18 @@ from types import TracebackType
 from typing import IO
 
 from phalanx.client.api import ApiError, PhalanxClient
+from phalanx.tls import CA_FILE_ENV, CA_PEM_ENV
 
 _LISTENING = re.compile(r"head listening on (https?://\S+)")
 _PR_SET_PDEATHSIG = 1
 # The client's and other local clusters' credentials must not leak into our processes.
-_SCRUBBED_ENV = ("PHALANX_HEAD", "PHALANX_TOKEN", "PHALANX_JOIN_TOKEN")
+_SCRUBBED_ENV = (
+    "PHALANX_HEAD",
+    "PHALANX_TOKEN",
+    "PHALANX_JOIN_TOKEN",
+    CA_FILE_ENV,
+    CA_PEM_ENV,
+)
 
 
 class ClusterError(Exception):
@@ -92,6 +99,8 @@ class LocalCluster:
     State lives under `state_dir` (head in `head/`, agents in `agent-127.0.0.N/`, process
     logs in `logs/`). Use as a context manager, or call `start()` and `stop()`; the
     processes are also stopped at interpreter exit and get SIGTERM if this process dies.
+    The head serves TLS with its own CA (`ca_file`) unless `tls` is False (plain HTTP on
+    loopback, as `phalanx head --plain-http`).
     """
 
     def __init__(
@@ -107,6 +116,7 @@ class LocalCluster:
         head_args: Sequence[str] = (),
         agent_args: Sequence[str] = (),
         users_map_to_self: bool = True,
+        tls: bool = True,
     ) -> None:
         if nodes < 1 or nodes > 253:
             raise ClusterError(f"nodes must be between 1 and 253 (got {nodes})")
@@ -124,6 +134,7 @@ class LocalCluster:
         # A personal cluster: every user's jobs run as this process's Unix account (False:
         # as the account named like the user, as on a shared cluster; docs/security.md).
         self.users_map_to_self = users_map_to_self
+        self.tls = tls
         self.addresses = [f"127.0.0.{i + 2}" for i in range(nodes)]
         self._head: _Proc | None = None
         self._agents: list[_Proc] = []
@@ -146,6 +157,18 @@ class LocalCluster:
         return self.head_dir / "admin.token"
 
     @property
+    def ca_file(self) -> Path | None:
+        """The head's CA certificate that clients pin (None with plain HTTP)."""
+        return self.head_dir / "tls" / "ca.crt" if self.tls else None
+
+    def client_env(self, token: str | None = None) -> dict[str, str]:
+        """The variables that point the CLI at this cluster (as admin unless `token`)."""
+        env = {"PHALANX_HEAD": self.url, "PHALANX_TOKEN": token or self.admin_token}
+        if self.ca_file is not None:
+            env[CA_FILE_ENV] = str(self.ca_file)
+        return env
+
+    @property
     def url(self) -> str:
         """The head's URL (after `start()`)."""
         if self._url is None:
@@ -164,7 +187,7 @@ class LocalCluster:
 
     def client(self, token: str | None = None) -> PhalanxClient:
         """A client for the head, as admin unless another token is given."""
-        return PhalanxClient(self.url, token or self.admin_token)
+        return PhalanxClient(self.url, token or self.admin_token, ca=self._ca())
 
     def processes(self) -> list[subprocess.Popen[bytes]]:
         """The head and agent processes (to check they are alive, or their pids)."""
@@ -212,6 +235,8 @@ class LocalCluster:
         argv += ["--host", "127.0.0.1", "--port", str(self.port), *self.head_args]
         if self.users_map_to_self:
             argv.append("--users-map-to-self")
+        if not self.tls:
+            argv.append("--plain-http")
         if self.db_url:
             argv += ["--db", self.db_url]
         head_log = self.log_dir / "head.log"
@@ -227,6 +252,8 @@ class LocalCluster:
         argv += ["--state-dir", str(self.state_dir / f"agent-{address}"), *self.agent_args]
         log = self.log_dir / f"agent-{address}.log"
         join_env = {**self._env(), "PHALANX_JOIN_TOKEN": self.join_token}
+        if self.ca_file is not None:
+            join_env[CA_FILE_ENV] = str(self.ca_file)
         return _Proc(f"agent {address}", argv, log, join_env)
 
     # ------------------------------------------------------------------ chaos
@@ -311,6 +338,9 @@ class LocalCluster:
         self._url = None
 
     # ------------------------------------------------------------------ helpers
+    def _ca(self) -> str | None:
+        return str(self.ca_file) if self.ca_file is not None else None
+
     @staticmethod
     def _phalanx() -> list[str]:
         return [sys.executable, "-m", "phalanx.cli.main"]
@@ -350,7 +380,7 @@ class LocalCluster:
             time.sleep(0.1)
 
     def _wait_healthy(self, deadline: float) -> None:
-        with PhalanxClient(self.url, None, timeout=5.0) as client:
+        with PhalanxClient(self.url, None, timeout=5.0, ca=self._ca()) as client:
             while True:
                 try:
                     client.health()

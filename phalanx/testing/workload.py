@@ -7,11 +7,14 @@ import contextlib
 import json
 import os
 import signal
+import ssl
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from phalanx.tls import CA_PEM_ENV, client_context
 
 DEADLINE_EXIT = 124
 
@@ -219,9 +222,12 @@ def _report(rank: int, step: int) -> None:
         },
         method="POST",
     )
+    # The head's TLS is pinned to the CA the agent passes in PHALANX_CA_PEM.
+    context = client_context(env.get(CA_PEM_ENV))
+    ssl_context = context if isinstance(context, ssl.SSLContext) else None
     # The head may be restarting: the next report tries again.
     with contextlib.suppress(urllib.error.URLError, OSError):
-        urllib.request.urlopen(request, timeout=5).close()
+        urllib.request.urlopen(request, timeout=5, context=ssl_context).close()
 
 
 if __name__ == "__main__":

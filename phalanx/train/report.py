@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from phalanx.tls import CA_PEM_ENV, TLSError, client_context
+
 if TYPE_CHECKING:
     import httpx
 
@@ -86,6 +88,7 @@ class Reporter:
             self.url = self.urls[0]
         self._token = token
         self._timeout = timeout_s
+        self._ca = env.get(CA_PEM_ENV) or None  # the CA the head's TLS is pinned to
         self._queue: queue.Queue[Progress | None] = queue.Queue(maxsize=4)
         self._thread: threading.Thread | None = None
         if self.url is not None:
@@ -107,7 +110,12 @@ class Reporter:
 
         assert self.url is not None
         headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
-        with httpx.Client(timeout=self._timeout) as client:
+        try:
+            verify = client_context(self._ca)
+        except TLSError as exc:
+            self.printer(f"phalanx: progress not reported to the head: {exc}")
+            return
+        with httpx.Client(timeout=self._timeout, verify=verify) as client:
             while (item := self._queue.get()) is not None:
                 self._post(client, headers, asdict(item))
 

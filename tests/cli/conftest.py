@@ -21,7 +21,7 @@ def config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Every test gets its own client config dir and no credentials from the environment."""
     path = tmp_path / "config"
     monkeypatch.setenv("PHALANX_CONFIG_DIR", str(path))
-    for name in ("PHALANX_HEAD", "PHALANX_TOKEN", "PHALANX_JOIN_TOKEN"):
+    for name in ("PHALANX_HEAD", "PHALANX_TOKEN", "PHALANX_JOIN_TOKEN", "PHALANX_CA_FILE"):
         monkeypatch.delenv(name, raising=False)
     return path
 
@@ -70,4 +70,4 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 @pytest.fixture
 def admin_env(cluster: LocalCluster) -> dict[str, str]:
     """Environment that points the CLI at the cluster as admin."""
-    return {"PHALANX_HEAD": cluster.url, "PHALANX_TOKEN": cluster.admin_token}
+    return cluster.client_env()

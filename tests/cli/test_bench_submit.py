@@ -28,3 +28,7 @@ def test_the_submit_benchmark_stores_every_job_and_prints_its_figures() -> None:
     assert 0 < result["start_p50_s"] <= result["start_p99_s"]
     steal = result["cpu_steal_pct_during_submits"]
     assert steal is None or 0 <= steal <= 100
+    # The figures above are over TLS (the default); the same run over plain HTTP beside them.
+    plain = result["plain_http"]
+    assert plain["submits_per_s"] > 0 and 0 < plain["start_p50_s"] <= plain["start_p99_s"]
+    assert plain["tls_submit_rate_ratio"] > 0

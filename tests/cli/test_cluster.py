@@ -120,7 +120,7 @@ def test_a_new_user_with_a_token_sees_only_their_jobs(
     added = invoke("admin", "user", "add", "alice", "--team", "ml", env=admin_env)
     assert added.exit_code == 0, added.stderr
     token = invoke("admin", "token", "create", "alice", env=admin_env).stdout.strip()
-    alice = {"PHALANX_HEAD": cluster.url, "PHALANX_TOKEN": token}
+    alice = cluster.client_env(token)
     me = WhoAmI.model_validate_json(invoke("whoami", "--json", env=alice).stdout)
     assert (me.user, me.role, me.teams) == ("alice", "user", ["ml"])
     denied = invoke("drain", "127.0.0.2", "--reason", "x", env=alice)

@@ -35,11 +35,12 @@ def test_up_writes_the_client_config_and_ctrl_c_stops_everything(
             if line.startswith("Ctrl-C stops everything"):
                 break
         out = "".join(lines)
-        assert f"head http://127.0.0.1:{port}" in out, out + up.stderr.read()
+        assert f"head https://127.0.0.1:{port}" in out, out + up.stderr.read()
         assert str(state / "head" / "admin.token") in out
         config = resolve()  # `phalanx up` pointed the client at the new cluster
-        assert config.head == f"http://127.0.0.1:{port}"
-        with PhalanxClient(config.head, config.token) as client:
+        assert config.head == f"https://127.0.0.1:{port}"
+        assert config.ca == str(state.resolve() / "head" / "tls" / "ca.crt")
+        with PhalanxClient(config.head, config.token, ca=config.ca) as client:
             assert [n.name for n in client.nodes().nodes] == ["127.0.0.2"]
         assert len(processes_mentioning(str(state))) == 4  # up, head, agent, its lease guard
 

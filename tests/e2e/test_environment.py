@@ -63,6 +63,8 @@ def test_torchrun_ranks_get_torchrun_slurm_and_phalanx_variables(
     assert nodes == ["127.0.0.2", "127.0.0.3"]
     master_port = envs[0]["MASTER_PORT"]
     assert 0 < int(master_port) < 65536
+    assert cluster.ca_file is not None  # the head serves TLS by default
+    ca_pem = cluster.ca_file.read_text()
     for rank, env in enumerate(envs):
         node = rank // 2
         expected = {
@@ -104,6 +106,8 @@ def test_torchrun_ranks_get_torchrun_slurm_and_phalanx_variables(
             "PHALANX_SUBMIT_DIR": str(workdir),
             "PHALANX_AGENT_URLS": _agent_urls(api, info),
             "PHALANX_HEAD": cluster.url,
+            # The CA the head's TLS is pinned to: phalanx.train reports progress over it.
+            "PHALANX_CA_PEM": ca_pem,
             "OMP_NUM_THREADS": "1",  # the job's own env
         }
         assert {k: env.get(k) for k in expected} == expected, f"rank {rank}"
@@ -176,8 +180,7 @@ def test_the_submitting_users_token_never_reaches_the_job(
     # the CLI authenticates with is in it, and so is a look-alike credential variable.
     env = {
         **os.environ,
-        "PHALANX_HEAD": cluster.url,
-        "PHALANX_TOKEN": cluster.admin_token,
+        **cluster.client_env(),
         "PHALANX_CONFIG_DIR": str(tmp_path / "config"),
         "MY_API_TOKEN": cluster.admin_token,
         "PLAIN_SETTING": "kept",

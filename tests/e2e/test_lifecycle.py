@@ -15,6 +15,7 @@ from phalanx.api.models import (
     UserCreate,
 )
 from phalanx.client.api import PhalanxClient
+from phalanx.local import LocalCluster
 from phalanx.testing.processes import pid_alive
 from tests.e2e.helpers import (
     all_gone,
@@ -215,13 +216,13 @@ def test_a_high_priority_job_starts_before_an_earlier_normal_one(
 
 
 def test_a_team_quota_limits_the_gpus_its_jobs_hold(
-    api: PhalanxClient, workdir: Path, request: pytest.FixtureRequest
+    api: PhalanxClient, cluster: LocalCluster, workdir: Path, request: pytest.FixtureRequest
 ) -> None:
     team = f"quota-{request.node.callspec.id}"  # the test may run once per database
     api.set_team(TeamSpec(name=team, quota_gpus=2))
     api.create_user(UserCreate(name=f"{team}-user", teams=[team], default_team=team))
     token = api.create_token(f"{team}-user").token
-    with PhalanxClient(api.url, token) as user:
+    with cluster.client(token) as user:
         ids = [submit(user, job(workdir, sh("sleep 1"), gpus_per_node=2)) for _ in range(3)]
         running = wait_state(user, ids[0], "R")
         for waiting in ids[1:]:

@@ -42,8 +42,7 @@ def test_an_sbatch_script_runs_torchrun_on_every_node_through_srun(
         **os.environ,
         **JOB_ENV,
         "PATH": f"{venv_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
-        "PHALANX_HEAD": cluster.url,
-        "PHALANX_TOKEN": cluster.admin_token,
+        **cluster.client_env(),
         "PHALANX_CONFIG_DIR": str(tmp_path / "config"),
     }
     done = subprocess.run(

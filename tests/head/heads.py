@@ -17,6 +17,7 @@ import httpx
 
 from phalanx.client.api import PhalanxClient
 from phalanx.local.cluster import free_port
+from phalanx.tls import client_context
 
 T = TypeVar("T")
 PHALANX = [sys.executable, "-m", "phalanx.cli.main"]
@@ -82,17 +83,35 @@ class Proc:
 class HeadServer:
     """`phalanx head` on a fixed address, which can crash and start again in its place."""
 
-    def __init__(self, state_dir: Path, db_url: str | None = None, host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        state_dir: Path,
+        db_url: str | None = None,
+        host: str = "127.0.0.1",
+        head_args: tuple[str, ...] = ("--plain-http",),
+    ):
+        """`head_args`: extra `phalanx head` flags; plain HTTP unless told otherwise (these
+        tests are about the API; tests/security/test_tls.py runs heads with TLS)."""
         self.state_dir = state_dir
         self.db_url = db_url
         self.host = host
+        self.head_args = head_args
         self.port = free_port(host)
         self.proc: Proc | None = None
         self.starts = 0
 
     @property
+    def tls(self) -> bool:
+        return "--plain-http" not in self.head_args
+
+    @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    @property
+    def ca_file(self) -> Path:
+        """The CA certificate the head made on first start (with TLS)."""
+        return self.state_dir / "tls" / "ca.crt"
 
     @property
     def admin_token(self) -> str:
@@ -104,7 +123,7 @@ class HeadServer:
 
     def start(self) -> HeadServer:
         argv = [*PHALANX, "head", "--state-dir", str(self.state_dir)]
-        argv += ["--host", self.host, "--port", str(self.port)]
+        argv += ["--host", self.host, "--port", str(self.port), *self.head_args]
         argv += ["--db", self.db_url] if self.db_url else []
         self.starts += 1
         log = self.state_dir.parent / f"{self.state_dir.name}-{self.starts}.log"
@@ -113,8 +132,11 @@ class HeadServer:
 
     def role(self) -> str | None:
         """What /healthz says (None: no answer)."""
+        if self.tls and not self.ca_file.exists():
+            return None  # not started far enough to have made its CA
+        verify = client_context(str(self.ca_file) if self.tls else None)
         try:
-            r = httpx.get(self.url + "/healthz", timeout=2)
+            r = httpx.get(self.url + "/healthz", timeout=2, verify=verify)
         except httpx.HTTPError:
             return None
         return str(r.json()["role"]) if r.status_code == 200 else None
@@ -135,7 +157,8 @@ class HeadServer:
         self.start().wait_role("leader")
 
     def client(self, token: str | None = None) -> PhalanxClient:
-        return PhalanxClient(self.url, token or self.admin_token)
+        ca = str(self.ca_file) if self.tls else None
+        return PhalanxClient(self.url, token or self.admin_token, ca=ca)
 
     def stop(self) -> None:
         if self.proc is not None:
