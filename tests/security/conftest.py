@@ -95,7 +95,7 @@ def people(
                 uid=entry.pw_uid if entry else -1,
                 gid=entry.pw_gid if entry else -1,
                 home=home,
-                client=PhalanxClient(cluster.url, token),
+                client=cluster.client(token),
             )
     yield out
     for p in out.values():
