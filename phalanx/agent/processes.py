@@ -21,6 +21,7 @@ _FENCED = "not started: this node lost contact with the head (fenced)"
 EXIT_CANNOT_START = 1
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
+MAX_LAUNCH_ERROR = 2000  # characters of a LaunchFailed reason sent to the head
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class ProcState:
     stdout: Path
     stderr: Path
     lost: bool = False  # ended by the agent (fenced, or lost in an agent restart), not the job
+    # Why the agent could not launch it at all ("LaunchFailed: …"): the job fails, and is
+    # not requeued (the same spec would fail on any node).
+    launch_error: str | None = None
 
     @property
     def shell_code(self) -> int | None:
@@ -65,6 +69,7 @@ class _Proc:
         self.stderr = stderr
         self.stopping = False
         self.lost = False
+        self.launch_error: str | None = None
 
     def state(self) -> ProcState:
         return ProcState(
@@ -77,6 +82,7 @@ class _Proc:
             stdout=self.stdout,
             stderr=self.stderr,
             lost=self.lost,
+            launch_error=self.launch_error,
         )
 
 
@@ -121,11 +127,30 @@ class ProcessManager:
         if not os.path.isdir(cwd):
             msg = f"working directory {cwd} does not exist on this node"
             return self.fail(key, msg, code=EXIT_CANNOT_START, stdout=stdout, stderr=stderr)
-        stdout.parent.mkdir(parents=True, exist_ok=True)
-        stderr.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            stdout.parent.mkdir(parents=True, exist_ok=True)
+            stderr.parent.mkdir(parents=True, exist_ok=True)
+            out = open(stdout, "ab")  # noqa: SIM115  # closed below
+        except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+            msg = f"LaunchFailed: cannot open the output file {str(stdout)!r}: {_why(e)}"
+            return self.fail(
+                key, msg, code=EXIT_CANNOT_START, stdout=stdout, stderr=stderr, launch_error=True
+            )
         failure: tuple[int, str] | None = None
-        with open(stdout, "ab") as out:
-            err = out if stderr == stdout else open(stderr, "ab")  # noqa: SIM115 closed below
+        launch_error = False
+        with out:
+            try:
+                err = out if stderr == stdout else open(stderr, "ab")  # noqa: SIM115  # closed below
+            except (OSError, ValueError) as e:
+                msg = f"LaunchFailed: cannot open the error file {str(stderr)!r}: {_why(e)}"
+                return self.fail(
+                    key,
+                    msg,
+                    code=EXIT_CANNOT_START,
+                    stdout=stdout,
+                    stderr=stderr,
+                    launch_error=True,
+                )
             try:
                 popen = subprocess.Popen(
                     list(argv),
@@ -143,11 +168,21 @@ class ProcessManager:
                 failure = (EXIT_NOT_EXECUTABLE, f"{argv[0]}: permission denied")
             except OSError as e:
                 failure = (EXIT_CANNOT_START, f"cannot start {argv[0]}: {e.strerror or e}")
+            except (ValueError, TypeError) as e:  # a NUL in argv, env or cwd; never the job's run
+                failure = (EXIT_CANNOT_START, f"LaunchFailed: cannot start {argv[0]!r}: {e}")
+                launch_error = True
             finally:
                 if err is not out:
                     err.close()
         if failure is not None:
-            return self.fail(key, failure[1], code=failure[0], stdout=stdout, stderr=stderr)
+            return self.fail(
+                key,
+                failure[1],
+                code=failure[0],
+                stdout=stdout,
+                stderr=stderr,
+                launch_error=launch_error,
+            )
         proc = _Proc(popen, stdout, stderr, owner)
         started = proc.state()  # as started, even if it ends before we return
         with self._lock:
@@ -170,17 +205,25 @@ class ProcessManager:
         stderr: Path,
         signal: int | None = None,
         lost: bool = False,
+        launch_error: bool = False,
     ) -> ProcState:
         """Record a process that could not be started: `message` goes to its stderr file
-        (prefixed `phalanx-agent:`) and it reads as ended with exit `code` (or `signal`);
-        `lost` marks it as ended by the agent, not the job."""
-        stderr.parent.mkdir(parents=True, exist_ok=True)
-        with open(stderr, "ab") as f:
-            f.write(f"phalanx-agent: {message}\n".encode())
+        (prefixed `phalanx-agent:`, when that file can be written) and it reads as ended
+        with exit `code` (or `signal`); `lost` marks it as ended by the agent, not the job.
+        `launch_error` reports the message to the head as why the job cannot be launched
+        (the job fails, not requeued). Never raises."""
+        try:
+            stderr.parent.mkdir(parents=True, exist_ok=True)
+            with open(stderr, "ab") as f:
+                f.write(f"phalanx-agent: {message}\n".encode(errors="replace"))
+        except (OSError, ValueError) as e:  # the message still reaches the head and the log
+            log.warning("cannot write to %r: %s", str(stderr), _why(e))
         log.warning("cannot start %s: %s", key, message)
         proc = _Proc(None, stdout, stderr)
         proc.exit_code, proc.signal, proc.ended_at = code, signal, time.time()
         proc.lost = lost
+        if launch_error:
+            proc.launch_error = message[:MAX_LAUNCH_ERROR]
         with self._lock:
             self._procs[key] = proc
         if self._on_change is not None:
@@ -306,6 +349,10 @@ class ProcessManager:
         for p in procs:
             if p.popen is not None:
                 p.popen.wait()
+
+
+def _why(e: Exception) -> str:
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
 
 
 def live_groups() -> set[int]:

@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Collection, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,8 +16,10 @@ from phalanx.api.models import Assignment, DesiredState, ProcessStatus
 from phalanx.jobspec import expand_pattern
 
 from . import leftovers, logfiles, notices
+from .admission import LAUNCH_FAILED, Refused, output_problem
 from .env import global_rank, job_env, local_ranks
 from .processes import EXIT_CANNOT_START, ProcessManager, ProcState
+from .survive import Survivals
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,7 @@ def rank_key(job_id: int, epoch: int, rank: int) -> Hashable:
 class _Launch:
     """What this node started for one (job, epoch)."""
 
-    assignment: Assignment
+    assignment: Assignment | None  # None: refused, unreadable (admission.Refused)
     ranks: dict[int, int] = field(default_factory=dict)  # global rank → local rank
     delivered: set[int] = field(default_factory=set)  # notice ids
 
@@ -74,8 +76,10 @@ class Reconciler:
         *,
         on_change: Callable[[], None] = lambda: None,
         on_stop_job: Callable[[set[JobKey], float], None] = lambda keys, grace: None,
+        survivals: Survivals | None = None,
     ) -> None:
         self.ctx = ctx
+        self.survivals = survivals or Survivals()
         self.procs = procs
         self._on_change = on_change
         self._on_stop_job = on_stop_job  # stops srun steps of jobs no longer desired
@@ -87,20 +91,34 @@ class Reconciler:
         self._fenced: frozenset[JobKey] = frozenset()  # never started here again
 
     # ------------------------------------------------------------------ reconcile
-    def apply(self, desired: DesiredState) -> None:
-        """Reconcile to `desired`: start missing ranks, stop undesired ones. Idempotent."""
+    def apply(self, desired: DesiredState, refused: Sequence[Refused] = ()) -> None:
+        """Reconcile to `desired`: start missing ranks, stop undesired ones. Idempotent.
+        `refused`: jobs of the same answer too invalid to read, reported as failed to launch.
+
+        A job that cannot be launched (or whose launch raises) fails alone, reported with a
+        `LaunchFailed: …` reason; it never stops this node's other jobs or the agent."""
         with self._lock:
             self._desired = desired
             wanted = {(a.job_id, a.epoch): a for a in desired.jobs}
-            self._stop_undesired(set(wanted), desired.kill_grace_s)
-            self._on_stop_job(set(wanted), desired.kill_grace_s)
+            keep = set(wanted) | {(r.job_id, r.epoch) for r in refused}
+            self._stop_undesired(keep, desired.kill_grace_s)
+            self._on_stop_job(keep, desired.kill_grace_s)
+            for r in refused:
+                self._refuse(r)
             for key, a in wanted.items():
                 if key not in self._launches and not self._fencing.is_set():
-                    self._maybe_launch(a)
+                    try:
+                        self._maybe_launch(a)
+                    except Exception as e:  # a bug, or a case no check foresaw: this job only
+                        self.survivals.record("reconcile", f"launching job {a.job_id}.{a.epoch}")
+                        self._fail_unstarted(a, f"{LAUNCH_FAILED}{type(e).__name__}: {e}")
             for key, a in wanted.items():
                 launch = self._launches.get(key)
                 if launch is not None:
-                    self._deliver_notices(a, launch)
+                    try:
+                        self._deliver_notices(a, launch)
+                    except Exception:
+                        self.survivals.record("reconcile", f"notices of job {a.job_id}.{a.epoch}")
 
     # ------------------------------------------------------------------ fencing
     def fence(self, since: float | None = None) -> int:
@@ -167,6 +185,10 @@ class Reconciler:
             # than run this epoch a second time ("never twice").
             self._report_lost(a, ranks, "rank lost: the agent restarted while it ran")
             return
+        problem = self._output_problem(a, [r for r, _ in ranks])
+        if problem is not None:
+            self._fail_launch(a, ranks, problem)
+            return
         port = a.master_port
         if port is None and a.node_rank != 0 and ranks:
             return  # wait for the rank-0 node's port to come back through the head
@@ -213,6 +235,68 @@ class Reconciler:
             if state.pid is not None:
                 leftovers.record(job_dir, state.pid)
             log.info("job %d.%d: rank %d started, pid %s", a.job_id, a.epoch, rank, state.pid)
+        self._on_change()
+
+    def _output_problem(self, a: Assignment, ranks: list[int]) -> str | None:
+        """Why a `-o`/`-e` file of this launch cannot be written (a directory, a path that
+        cannot exist): the job fails at once rather than crash the agent on every node."""
+        if (a.output is None and a.error is None) or not os.path.isdir(a.workdir):
+            return None  # a missing workdir fails the start with its own message
+        for rank in ranks:
+            out, err = self._log_paths(a, rank)
+            checks = [("-o", a.output, out), ("-e", a.error, err)]
+            for flag, pattern, path in checks:
+                if pattern is not None:
+                    problem = output_problem(flag, pattern, path)
+                    if problem is not None:
+                        return problem
+        return None
+
+    def _fail_launch(self, a: Assignment, ranks: list[tuple[int, int]], why: str) -> None:
+        """Start nothing of this launch: every local rank reads as failed to launch, its
+        message in the rank's default stderr file under the state dir."""
+        key = (a.job_id, a.epoch)
+        launch = _Launch(a)
+        self._launches[key] = launch
+        for rank, local in ranks:
+            launch.ranks[rank] = local
+            out, err = logfiles.rank_paths(self.ctx.state_dir, a.job_id, a.epoch, rank)
+            pkey = rank_key(a.job_id, a.epoch, rank)
+            self.procs.fail(
+                pkey, why, code=EXIT_CANNOT_START, stdout=out, stderr=err, launch_error=True
+            )
+        self._on_change()
+
+    def _fail_unstarted(self, a: Assignment, why: str) -> None:
+        """A launch raised part-way: every local rank not started yet fails to launch (the
+        head then stops the ones that did start, as for any failed rank)."""
+        key = (a.job_id, a.epoch)
+        launch = self._launches.setdefault(key, _Launch(a))
+        for local in local_ranks(a):
+            rank = global_rank(a, local)
+            pkey = rank_key(a.job_id, a.epoch, rank)
+            if self.procs.get(pkey) is not None:
+                continue
+            launch.ranks[rank] = local
+            out, err = logfiles.rank_paths(self.ctx.state_dir, a.job_id, a.epoch, rank)
+            self.procs.fail(
+                pkey, why, code=EXIT_CANNOT_START, stdout=out, stderr=err, launch_error=True
+            )
+        self._on_change()
+
+    def _refuse(self, r: Refused) -> None:
+        """Report a job this agent could not even read as failed to launch, once."""
+        key = (r.job_id, r.epoch)
+        if key in self._launches or any(k[0] == r.job_id for k in self._launches):
+            return
+        launch = _Launch(None)
+        self._launches[key] = launch
+        launch.ranks[r.rank] = 0
+        out, err = logfiles.rank_paths(self.ctx.state_dir, r.job_id, r.epoch, r.rank)
+        pkey = rank_key(r.job_id, r.epoch, r.rank)
+        self.procs.fail(
+            pkey, r.why, code=EXIT_CANNOT_START, stdout=out, stderr=err, launch_error=True
+        )
         self._on_change()
 
     def _report_lost(self, a: Assignment, ranks: list[tuple[int, int]], why: str) -> None:
@@ -333,7 +417,7 @@ class Reconciler:
             busy: set[int] = set()
             for (job_id, epoch), launch in self._launches.items():
                 states = (self.procs.get(rank_key(job_id, epoch, r)) for r in launch.ranks)
-                if any(s is not None and s.running for s in states):
+                if launch.assignment and any(s is not None and s.running for s in states):
                     busy.update(launch.assignment.gpus)
             return busy
 
@@ -373,6 +457,7 @@ def _status(job_id: int, epoch: int, rank: int, local: int, s: ProcState) -> Pro
         started_at=s.started_at,
         ended_at=s.ended_at,
         lost=s.lost,
+        launch_error=s.launch_error,
     )
 
 

@@ -64,7 +64,8 @@ def create_app(
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
-        return Health(status="ok", version=__version__)
+        errors = reconciler.survivals.total()
+        return Health(status="ok", version=__version__, loop_errors=errors)
 
     @app.get("/v1/logs/{job_id}", response_model=LogChunk, responses=_ERRORS)
     def rank_logs(

@@ -324,6 +324,9 @@ class ProcessStatus(Wire):
     # The agent, not the job, ended it: fenced (no answer from the head for the lease) or
     # lost when the agent restarted. The head treats it as a node failure (requeue).
     lost: bool = False
+    # Set when the agent could not launch it at all ("LaunchFailed: …": an unusable `-o`
+    # path, an assignment it cannot read). The head fails the job; no restart would help.
+    launch_error: Annotated[str, StringConstraints(max_length=4096)] | None = None
 
 
 class GpuHealthEvent(Wire):
@@ -506,6 +509,9 @@ class Health(Wire):
     # A standby head (PostgreSQL leader election, docs/high-availability.md) answers
     # /healthz only; every other endpoint answers 503 until it becomes the leader.
     role: Literal["leader", "standby"] = "leader"
+    # Unexpected exceptions the daemon's loops caught, logged and survived since it started
+    # (agent: reconcile, heartbeat, health; head: the control loop).
+    loop_errors: Count = 0
 
 
 # ----------------------------------------------------------------------------- srun steps

@@ -319,7 +319,8 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
 
     @app.get("/healthz", response_model=m.Health, responses={})
     def healthz() -> m.Health:
-        return m.Health(status="ok", version=__version__, role=role.name)
+        errors = head.control.loop_errors
+        return m.Health(status="ok", version=__version__, role=role.name, loop_errors=errors)
 
     @app.get("/v1/whoami", response_model=m.WhoAmI)
     def whoami(who: User) -> m.WhoAmI:
