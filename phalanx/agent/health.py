@@ -176,6 +176,7 @@ def _first_line(data: bytes) -> str | None:
 
 
 def _reason(text: str) -> str:
+    text = text.replace("\x00", "\\0")  # a script's binary output: NUL is no wire text
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
 
 

@@ -223,7 +223,7 @@ class ProcessManager:
         proc.exit_code, proc.signal, proc.ended_at = code, signal, time.time()
         proc.lost = lost
         if launch_error:
-            proc.launch_error = message[:MAX_LAUNCH_ERROR]
+            proc.launch_error = message.replace("\x00", "\\0")[:MAX_LAUNCH_ERROR]
         with self._lock:
             self._procs[key] = proc
         if self._on_change is not None:

@@ -50,6 +50,8 @@ PathText = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH), 
 EnvKey = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^[^=\x00]+$")]
 EnvValue = Annotated[str, StringConstraints(max_length=MAX_TEXT), NoNul]
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]  # a message, shown only
+# A message the head stores (PostgreSQL refuses NUL in text: the commit would fail).
+Message = Annotated[str, StringConstraints(max_length=4096), NoNul]
 ScriptText = Annotated[str, StringConstraints(max_length=1_000_000), NoNul]
 JobName = Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul]
 Address = Annotated[str, StringConstraints(min_length=1, max_length=255), NoNul]
@@ -251,8 +253,8 @@ class LogChunk(Wire):
 # ----------------------------------------------------------------------------- nodes
 class GpuInfo(Wire):
     index: GpuIndex
-    uuid: Annotated[str, StringConstraints(max_length=256)]
-    model: Annotated[str, StringConstraints(max_length=256)]
+    uuid: Annotated[str, StringConstraints(max_length=256), NoNul]
+    model: Annotated[str, StringConstraints(max_length=256), NoNul]
     memory_mb: Count
 
 
@@ -285,7 +287,7 @@ class NodeList(Wire):
 
 
 class DrainRequest(Wire):
-    reason: Annotated[str, StringConstraints(min_length=1, max_length=500)]
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=500), NoNul]
 
 
 # ----------------------------------------------------------------------------- agent wire
@@ -326,7 +328,7 @@ class ProcessStatus(Wire):
     lost: bool = False
     # Set when the agent could not launch it at all ("LaunchFailed: …": an unusable `-o`
     # path, an assignment it cannot read). The head fails the job; no restart would help.
-    launch_error: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    launch_error: Message | None = None
 
 
 class GpuHealthEvent(Wire):
@@ -338,14 +340,14 @@ class GpuHealthEvent(Wire):
     gpu: GpuIndex | None  # GPU index on the node; None: the node as a whole
     kind: Literal["xid", "ecc_uncorrectable", "row_remap_failure", "gpu_lost"]
     code: Count | None = None  # the XID number
-    message: Annotated[str, StringConstraints(max_length=4096)]
+    message: Message
 
 
 class NodeHealth(Wire):
     events: list[GpuHealthEvent] = Field(default=[], max_length=1024)  # unacked, oldest first
     # The first line of output of the first failing health-check script (NHC style:
     # exit 0 is healthy); None while every check passes.
-    check_failure: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    check_failure: Message | None = None
 
 
 class Heartbeat(Wire):
@@ -453,7 +455,7 @@ class UserList(Wire):
 
 class TokenCreate(Wire):
     user: Name
-    description: Annotated[str, StringConstraints(max_length=200)] = ""
+    description: Annotated[str, StringConstraints(max_length=200), NoNul] = ""
 
 
 class TokenIssued(Wire):
@@ -553,4 +555,4 @@ class FaultInjection(Wire):
     gpu: Annotated[int, Field(ge=0, le=MAX_GPUS_PER_NODE)] | None = None
     kind: Literal["xid", "ecc_uncorrectable", "row_remap_failure", "gpu_lost"] = "xid"
     code: Annotated[int, Field(ge=0, le=1000)] | None = None  # the XID number (kind xid)
-    message: Annotated[str, StringConstraints(max_length=500)] = "injected fault"
+    message: Annotated[str, StringConstraints(max_length=500), NoNul] = "injected fault"

@@ -396,7 +396,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         who: User,
         rank: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
         stream: Literal["stdout", "stderr"] = "stdout",
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=m.MAX_INT64)] = 0,
     ) -> m.LogChunk:
         rec = head.job_record(who, job_id)
         node = head.log_source(rec, rank)
