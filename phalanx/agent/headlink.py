@@ -13,13 +13,13 @@ import httpx
 from pydantic import ValidationError
 
 from phalanx.api.models import (
-    DesiredState,
     Heartbeat,
     NodeHealth,
     RegisterRequest,
     RegisterResponse,
 )
 
+from .admission import InvalidDesiredState, Refused, parse_desired
 from .gpus import GpuProvider
 from .guard import LeaseFile
 from .health import HealthMonitor
@@ -84,6 +84,8 @@ class HeadLink:
         self.health = health  # GPU fault events (acked by the head) and check results
         self.verify = verify  # how the head's TLS certificate is checked (its pinned CA)
         self.agent_tls = agent_tls  # the agent API's TLS, whose certificate the head signs
+        self.survivals = reconciler.survivals  # exceptions this loop caught and survived
+        self._refused: list[Refused] = []  # jobs of the last answer too invalid to read
         self.node_token: str | None = None
         self.version = 0
         self._reachable = True
@@ -99,10 +101,16 @@ class HeadLink:
         try:
             async with httpx.AsyncClient(timeout=httpx.Timeout(10.0), verify=self.verify) as client:
                 while not self.stop.is_set():
-                    if self.node_token is None:
-                        await self._register(client)
-                        continue
-                    await self._beat(client)
+                    try:
+                        if self.node_token is None:
+                            await self._register(client)
+                        else:
+                            await self._beat(client)
+                    except JoinRefused:
+                        raise
+                    except Exception:  # a bug must not end the agent (and fence its jobs)
+                        self.survivals.record("heartbeat", "talking to the head")
+                        await self._pause(min(self.heartbeat_s, _BACKOFF_MAX_S))
         finally:
             lease.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -147,18 +155,31 @@ class HeadLink:
     async def _beat(self, client: httpx.AsyncClient) -> None:
         desired = self.reconciler.desired()
         if desired is not None:
-            await asyncio.to_thread(self.reconciler.apply, desired)  # finish deferred launches
+            # Finish deferred launches.
+            await asyncio.to_thread(self.reconciler.apply, desired, self._refused)
         self.changed.clear()
         wait_s = min(self.heartbeat_s, _MAX_WAIT_S)
-        beat = Heartbeat(
-            name=self.request.name,
-            version=self.version,
-            wait_s=wait_s,
-            processes=self.reconciler.process_statuses(),
-            master_ports=self.reconciler.master_ports(),
-            gpus=await asyncio.to_thread(self.gpus.telemetry),
-            health=self.health.snapshot() if self.health is not None else NodeHealth(),
-        )
+        health = self.health.snapshot() if self.health is not None else NodeHealth()
+        telemetry = await asyncio.to_thread(self.gpus.telemetry)
+        try:
+            beat = Heartbeat(
+                name=self.request.name,
+                version=self.version,
+                wait_s=wait_s,
+                processes=self.reconciler.process_statuses(),
+                master_ports=self.reconciler.master_ports(),
+                gpus=telemetry,
+                health=health,
+            )
+        except ValidationError:  # a reading out of bounds must not silence the node
+            self.survivals.record("heartbeat", "building the heartbeat; sent without telemetry")
+            beat = Heartbeat(
+                name=self.request.name,
+                version=self.version,
+                wait_s=wait_s,
+                processes=self.reconciler.process_statuses(),
+                master_ports=self.reconciler.master_ports(),
+            )
         assert self.node_token is not None
         sent = time.monotonic()
         post = asyncio.ensure_future(
@@ -188,17 +209,20 @@ class HeadLink:
         if r.status_code != 200:
             return await self._failed(f"head answered {r.status_code}: {_detail(r)}")
         try:
-            state = DesiredState.model_validate_json(r.content)
-        except ValidationError as e:
-            return await self._failed(
-                f"head sent an invalid desired state: {e.error_count()} error(s)"
-            )
+            # Job by job: an invalid job is refused alone (reported LaunchFailed).
+            state, refused = parse_desired(r.content)
+        except InvalidDesiredState as e:
+            return await self._failed(f"head sent an invalid desired state: {e}")
+        for job in refused:
+            if job not in self._refused:
+                log.error("job %d.%d refused: %s", job.job_id, job.epoch, job.why)
+        self._refused = refused
         if self.health is not None:
             self.health.ack(state.health_ack)  # events the head handled are not sent again
         new = state.version != self.version or desired is None
         self.heartbeat_s, self.lease_s = state.heartbeat_s, state.lease_s
         self._ok(sent)
-        await asyncio.to_thread(self.reconciler.apply, state)
+        await asyncio.to_thread(self.reconciler.apply, state, refused)
         self.version = state.version
         if not new:
             # The head answered early with nothing new (no long poll): keep the pace.

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from phalanx.api.models import GpuHealthEvent, NodeHealth
 
 from .gpus import GpuFault, GpuProvider
+from .survive import Survivals
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +176,7 @@ def _first_line(data: bytes) -> str | None:
 
 
 def _reason(text: str) -> str:
+    text = text.replace("\x00", "\\0")  # a script's binary output: NUL is no wire text
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
 
 
@@ -194,6 +196,7 @@ class HealthMonitor:
         *,
         interval_s: float = 30.0,
         on_change: Callable[[], None] = lambda: None,
+        survivals: Survivals | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"the health-check interval must be > 0 seconds, got {interval_s}")
@@ -202,6 +205,7 @@ class HealthMonitor:
         self.checks = list(checks)
         self.interval_s = interval_s
         self.on_change = on_change
+        self.survivals = survivals or Survivals()
         self.check_failure: str | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -247,7 +251,10 @@ class HealthMonitor:
 
     def _run_checks(self) -> None:
         while not self._stop.is_set():
-            self.run_checks()
+            try:
+                self.run_checks()
+            except Exception:  # checks resume next interval; the last result stands
+                self.survivals.record("health", "running the health checks")
             self._stop.wait(self.interval_s)
 
     def _poll_gpus(self) -> None:
@@ -258,12 +265,17 @@ class HealthMonitor:
             except Exception:  # a provider bug must not end health monitoring
                 if not failing:
                     log.exception("polling the GPUs for faults failed; retrying")
+                self.survivals.record("health", "polling the GPUs", quiet=failing)
                 failing = True
                 self._stop.wait(GPU_POLL_S)
                 continue
             failing = False
             for fault in faults:
-                e = self.events.add(fault)
+                try:
+                    e = self.events.add(fault)
+                except Exception:  # one unreadable fault must not end health monitoring
+                    self.survivals.record("health", f"recording the GPU fault {fault!r}")
+                    continue
                 log.warning(
                     "GPU health event seq=%d gpu=%s kind=%s code=%s: %s",
                     e.seq,

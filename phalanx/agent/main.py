@@ -32,6 +32,7 @@ from .reconcile import LaunchContext, Reconciler
 from .server import create_app
 from .slurm_cmds import write_shims
 from .steps import StepManager
+from .survive import Survivals
 from .tlsserve import AgentTLS
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,10 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
     )
     procs = ProcessManager(on_change=notify)
     steps = StepManager(ctx, procs)
-    reconciler = Reconciler(ctx, procs, on_change=notify, on_stop_job=steps.stop_undesired)
+    survivals = Survivals()  # exceptions the agent's loops caught and survived
+    reconciler = Reconciler(
+        ctx, procs, on_change=notify, on_stop_job=steps.stop_undesired, survivals=survivals
+    )
     gpus = detect(
         cfg.fake_gpus,
         cfg.gpu_model,
@@ -151,6 +155,7 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
         [p.resolve() for p in cfg.health_checks],
         interval_s=cfg.health_interval_s,
         on_change=notify,
+        survivals=survivals,
     )
     try:
         health.start()  # the checks' first run starts now, in parallel with registering

@@ -54,6 +54,7 @@ _FENCED = "not started: this node lost contact with the head (fenced)"
 EXIT_CANNOT_START = 1
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
+MAX_LAUNCH_ERROR = 2000  # characters of a LaunchFailed reason sent to the head
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ class ProcState:
     # are then the agent's files, which hold what happened before (e.g. why it failed).
     outputs: tuple[Path, Path] | None = None
     uid: int | None = None  # the user it runs as; None: the agent's own
+    # Why the agent could not launch it at all ("LaunchFailed: …"): the job fails, and is
+    # not requeued (the same spec would fail on any node).
+    launch_error: str | None = None
 
     @property
     def shell_code(self) -> int | None:
@@ -106,6 +110,7 @@ class _Proc:
         self.stderr = stderr
         self.stopping = False
         self.lost = False
+        self.launch_error: str | None = None
 
     def state(self) -> ProcState:
         return ProcState(
@@ -120,6 +125,7 @@ class _Proc:
             lost=self.lost,
             outputs=self.outputs,
             uid=self.uid,
+            launch_error=self.launch_error,
         )
 
 
@@ -177,11 +183,30 @@ class ProcessManager:
         if not os.path.isdir(cwd):
             msg = f"working directory {cwd} does not exist on this node"
             return self.fail(key, msg, code=EXIT_CANNOT_START, stdout=stdout, stderr=stderr)
-        stdout.parent.mkdir(parents=True, exist_ok=True)
-        stderr.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            stdout.parent.mkdir(parents=True, exist_ok=True)
+            stderr.parent.mkdir(parents=True, exist_ok=True)
+            out = open(stdout, "ab")  # noqa: SIM115  # closed below
+        except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+            msg = f"LaunchFailed: cannot open the output file {str(stdout)!r}: {_why(e)}"
+            return self.fail(
+                key, msg, code=EXIT_CANNOT_START, stdout=stdout, stderr=stderr, launch_error=True
+            )
         failure: tuple[int, str] | None = None
-        with open(stdout, "ab") as out:
-            err = out if stderr == stdout else open(stderr, "ab")  # noqa: SIM115 closed below
+        launch_error = False
+        with out:
+            try:
+                err = out if stderr == stdout else open(stderr, "ab")  # noqa: SIM115  # closed below
+            except (OSError, ValueError) as e:
+                msg = f"LaunchFailed: cannot open the error file {str(stderr)!r}: {_why(e)}"
+                return self.fail(
+                    key,
+                    msg,
+                    code=EXIT_CANNOT_START,
+                    stdout=stdout,
+                    stderr=stderr,
+                    launch_error=True,
+                )
             # Confinement hook: the process is born in the job's cgroup (cgroups.py).
             adopt, leave = _enter(cgroup)
             try:
@@ -202,12 +227,22 @@ class ProcessManager:
                 failure = (EXIT_NOT_EXECUTABLE, f"{argv[0]}: permission denied")
             except OSError as e:
                 failure = (EXIT_CANNOT_START, f"cannot start {argv[0]}: {e.strerror or e}")
+            except (ValueError, TypeError) as e:  # a NUL in argv, env or cwd; never the job's run
+                failure = (EXIT_CANNOT_START, f"LaunchFailed: cannot start {argv[0]!r}: {e}")
+                launch_error = True
             finally:
                 leave()
                 if err is not out:
                     err.close()
         if failure is not None:
-            return self.fail(key, failure[1], code=failure[0], stdout=stdout, stderr=stderr)
+            return self.fail(
+                key,
+                failure[1],
+                code=failure[0],
+                stdout=stdout,
+                stderr=stderr,
+                launch_error=launch_error,
+            )
         proc = _Proc(popen, stdout, stderr, owner)
         started = proc.state()  # as started, even if it ends before we return
         with self._lock:
@@ -275,6 +310,11 @@ class ProcessManager:
         except OSError as e:
             msg = f"cannot start {argv[0] if argv else 'the job'} as uid {run_as.uid}: {e}"
             return self.fail(key, msg, code=EXIT_CANNOT_START, stdout=stdout, stderr=stderr)
+        except (ValueError, TypeError) as e:  # a NUL in argv, env or cwd; never the job's run
+            msg = f"LaunchFailed: cannot start {argv[0] if argv else 'the job'!r}: {e}"
+            return self.fail(
+                key, msg, code=EXIT_CANNOT_START, stdout=stdout, stderr=stderr, launch_error=True
+            )
         finally:
             leave()
             os.close(out)
@@ -310,17 +350,25 @@ class ProcessManager:
         stderr: Path,
         signal: int | None = None,
         lost: bool = False,
+        launch_error: bool = False,
     ) -> ProcState:
         """Record a process that could not be started: `message` goes to its stderr file
-        (prefixed `phalanx-agent:`) and it reads as ended with exit `code` (or `signal`);
-        `lost` marks it as ended by the agent, not the job."""
-        stderr.parent.mkdir(parents=True, exist_ok=True)
-        with open(stderr, "ab") as f:
-            f.write(f"phalanx-agent: {message}\n".encode())
+        (prefixed `phalanx-agent:`, when that file can be written) and it reads as ended
+        with exit `code` (or `signal`); `lost` marks it as ended by the agent, not the job.
+        `launch_error` reports the message to the head as why the job cannot be launched
+        (the job fails, not requeued). Never raises."""
+        try:
+            stderr.parent.mkdir(parents=True, exist_ok=True)
+            with open(stderr, "ab") as f:
+                f.write(f"phalanx-agent: {message}\n".encode(errors="replace"))
+        except (OSError, ValueError) as e:  # the message still reaches the head and the log
+            log.warning("cannot write to %r: %s", str(stderr), _why(e))
         log.warning("cannot start %s: %s", key, message)
         proc = _Proc(None, stdout, stderr)
         proc.exit_code, proc.signal, proc.ended_at = code, signal, time.time()
         proc.lost = lost
+        if launch_error:
+            proc.launch_error = message.replace("\x00", "\\0")[:MAX_LAUNCH_ERROR]
         with self._lock:
             self._procs[key] = proc
         if self._on_change is not None:
@@ -485,6 +533,10 @@ def _enter(cgroup: JobCgroup | None) -> tuple[Callable[[int], None], Callable[[]
         return (lambda pid: None), (lambda: None)
     stack = contextlib.ExitStack()
     return stack.enter_context(cgroup.entered()), stack.close
+
+
+def _why(e: Exception) -> str:
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
 
 
 def live_groups() -> set[int]:

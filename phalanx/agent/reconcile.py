@@ -9,7 +9,7 @@ import os
 import socket
 import subprocess
 import threading
-from collections.abc import Callable, Collection, Hashable, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,10 +17,12 @@ from phalanx.api.models import Assignment, DesiredState, ProcessStatus
 from phalanx.jobspec import expand_pattern
 
 from . import identity, leftovers, logfiles, notices
+from .admission import LAUNCH_FAILED, Refused, output_problem
 from .confine import JobConfiner
 from .env import global_rank, job_env, local_ranks
 from .identity import JOB_UMASK, RunAs
 from .processes import EXIT_CANNOT_START, SHELL, ProcessManager, ProcState, open_job_file
+from .survive import Survivals
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ def rank_key(job_id: int, epoch: int, rank: int) -> Hashable:
 class _Launch:
     """What this node started for one (job, epoch)."""
 
-    assignment: Assignment
+    assignment: Assignment | None  # None: refused, unreadable (admission.Refused)
     ranks: dict[int, int] = field(default_factory=dict)  # global rank → local rank
     delivered: set[int] = field(default_factory=set)  # notice ids
 
@@ -79,16 +81,17 @@ def run_as(a: Assignment) -> RunAs:
 
 
 def launch_failed(e: identity.Refused) -> str:
-    return f"LaunchFailed: {e}"
+    return f"{LAUNCH_FAILED}{e}"
 
 
 # Creates the job's -o/-e files fresh and its checkpoint directory, as the job's user, in
-# the job's working directory. Arguments: WORKDIR CHECKPOINT_DIR FILE…
+# the job's working directory; prints each file it cannot create (a directory, no
+# permission). Arguments: WORKDIR CHECKPOINT_DIR FILE…
 _PREPARE_AS_USER = r"""
 cd -- "$1" 2>/dev/null || exit 0
 [ -n "$2" ] && mkdir -p -- "$2" 2>/dev/null
 shift 2
-for f; do { true >"$f"; } 2>/dev/null; done
+for f; do { true >"$f"; } 2>/dev/null || printf '%s\n' "$f"; done
 exit 0
 """
 
@@ -109,8 +112,10 @@ class Reconciler:
         on_change: Callable[[], None] = lambda: None,
         on_stop_job: Callable[[set[JobKey], float], None] = lambda keys, grace: None,
         confine: JobConfiner | None = None,
+        survivals: Survivals | None = None,
     ) -> None:
         self.ctx = ctx
+        self.survivals = survivals or Survivals()
         self.procs = procs
         self.confine = confine  # each job epoch in its own cgroup (None: unconfined)
         self._on_change = on_change
@@ -123,20 +128,34 @@ class Reconciler:
         self._fenced: frozenset[JobKey] = frozenset()  # never started here again
 
     # ------------------------------------------------------------------ reconcile
-    def apply(self, desired: DesiredState) -> None:
-        """Reconcile to `desired`: start missing ranks, stop undesired ones. Idempotent."""
+    def apply(self, desired: DesiredState, refused: Sequence[Refused] = ()) -> None:
+        """Reconcile to `desired`: start missing ranks, stop undesired ones. Idempotent.
+        `refused`: jobs of the same answer too invalid to read, reported as failed to launch.
+
+        A job that cannot be launched (or whose launch raises) fails alone, reported with a
+        `LaunchFailed: …` reason; it never stops this node's other jobs or the agent."""
         with self._lock:
             self._desired = desired
             wanted = {(a.job_id, a.epoch): a for a in desired.jobs}
-            self._stop_undesired(set(wanted), desired.kill_grace_s)
-            self._on_stop_job(set(wanted), desired.kill_grace_s)
+            keep = set(wanted) | {(r.job_id, r.epoch) for r in refused}
+            self._stop_undesired(keep, desired.kill_grace_s)
+            self._on_stop_job(keep, desired.kill_grace_s)
+            for r in refused:
+                self._refuse(r)
             for key, a in wanted.items():
                 if key not in self._launches and not self._fencing.is_set():
-                    self._maybe_launch(a)
+                    try:
+                        self._maybe_launch(a)
+                    except Exception as e:  # a bug, or a case no check foresaw: this job only
+                        self.survivals.record("reconcile", f"launching job {a.job_id}.{a.epoch}")
+                        self._fail_unstarted(a, f"{LAUNCH_FAILED}{type(e).__name__}: {e}")
             for key, a in wanted.items():
                 launch = self._launches.get(key)
                 if launch is not None:
-                    self._deliver_notices(a, launch)
+                    try:
+                        self._deliver_notices(a, launch)
+                    except Exception:
+                        self.survivals.record("reconcile", f"notices of job {a.job_id}.{a.epoch}")
 
     # ------------------------------------------------------------------ fencing
     def fence(self, since: float | None = None) -> int:
@@ -207,6 +226,17 @@ class Reconciler:
             # than run this epoch a second time ("never twice").
             self._report_lost(a, ranks, "rank lost: the agent restarted while it ran")
             return
+        user: RunAs | None = None
+        try:
+            user = run_as(a)
+            # The agent checks -o/-e paths itself only for its own user's jobs: another
+            # user's files are checked and created by that user (_prepare_as_user).
+            problem = None if user.switches else self._output_problem(a, [r for r, _ in ranks])
+        except identity.Refused as e:
+            problem = launch_failed(e)
+        if problem is not None or user is None:
+            self._fail_launch(a, ranks, problem or LAUNCH_FAILED)
+            return
         port = a.master_port
         if port is None and a.node_rank != 0 and ranks:
             return  # wait for the rank-0 node's port to come back through the head
@@ -224,21 +254,16 @@ class Reconciler:
         notices.forget(job_dir)  # a record left by another job with the same id and epoch
         launch = _Launch(a)
         self._launches[key] = launch
-        user: RunAs | None = None
-        try:
-            user = run_as(a)
-            argv, problem = self._argv(a, user)
-        except identity.Refused as e:
-            argv, problem = [], launch_failed(e)
+        argv, problem = self._argv(a, user)
         cgroup = None
         if self.confine is not None and problem is None:  # confinement hook (confine.py)
             try:
                 cgroup = self.confine.launch(a, len(ranks), job_dir)
             except OSError as e:
                 problem = f"cannot create the job's cgroup: {e.strerror or e}"
-        if user is not None and user.switches:
-            self._prepare_as_user(a, user, [r for r, _ in ranks])
-        elif user is not None:
+        if user.switches:
+            problem = problem or self._prepare_as_user(a, user, [r for r, _ in ranks])
+        else:
             if a.checkpoint_dir:
                 with contextlib.suppress(OSError):  # the job reports it if it needs it
                     (Path(a.workdir) / a.checkpoint_dir).mkdir(parents=True, exist_ok=True)
@@ -247,10 +272,18 @@ class Reconciler:
             launch.ranks[rank] = local
             pkey = rank_key(a.job_id, a.epoch, rank)
             out, err = self._log_paths(a, rank)
-            if user is not None and not user.switches:
+            if not user.switches:
                 _link_default_paths(self.ctx.state_dir, a, rank, out, err)
-            if problem is not None or user is None:
-                self.procs.fail(pkey, problem or "", code=EXIT_CANNOT_START, stdout=out, stderr=err)
+            if problem is not None:
+                refused = problem.startswith(LAUNCH_FAILED)  # fails on any node: no requeue
+                self.procs.fail(
+                    pkey,
+                    problem,
+                    code=EXIT_CANNOT_START,
+                    stdout=out,
+                    stderr=err,
+                    launch_error=refused,
+                )
                 continue
             env = job_env(
                 a,
@@ -280,6 +313,68 @@ class Reconciler:
             if state.pid is not None:
                 leftovers.record(job_dir, state.pid)
             log.info("job %d.%d: rank %d started, pid %s", a.job_id, a.epoch, rank, state.pid)
+        self._on_change()
+
+    def _output_problem(self, a: Assignment, ranks: list[int]) -> str | None:
+        """Why a `-o`/`-e` file of this launch cannot be written (a directory, a path that
+        cannot exist): the job fails at once rather than crash the agent on every node."""
+        if (a.output is None and a.error is None) or not os.path.isdir(a.workdir):
+            return None  # a missing workdir fails the start with its own message
+        for rank in ranks:
+            out, err = self._log_paths(a, rank)
+            checks = [("-o", a.output, out), ("-e", a.error, err)]
+            for flag, pattern, path in checks:
+                if pattern is not None:
+                    problem = output_problem(flag, pattern, path)
+                    if problem is not None:
+                        return problem
+        return None
+
+    def _fail_launch(self, a: Assignment, ranks: list[tuple[int, int]], why: str) -> None:
+        """Start nothing of this launch: every local rank reads as failed to launch, its
+        message in the rank's default stderr file under the state dir."""
+        key = (a.job_id, a.epoch)
+        launch = _Launch(a)
+        self._launches[key] = launch
+        for rank, local in ranks:
+            launch.ranks[rank] = local
+            out, err = logfiles.rank_paths(self.ctx.state_dir, a.job_id, a.epoch, rank)
+            pkey = rank_key(a.job_id, a.epoch, rank)
+            self.procs.fail(
+                pkey, why, code=EXIT_CANNOT_START, stdout=out, stderr=err, launch_error=True
+            )
+        self._on_change()
+
+    def _fail_unstarted(self, a: Assignment, why: str) -> None:
+        """A launch raised part-way: every local rank not started yet fails to launch (the
+        head then stops the ones that did start, as for any failed rank)."""
+        key = (a.job_id, a.epoch)
+        launch = self._launches.setdefault(key, _Launch(a))
+        for local in local_ranks(a):
+            rank = global_rank(a, local)
+            pkey = rank_key(a.job_id, a.epoch, rank)
+            if self.procs.get(pkey) is not None:
+                continue
+            launch.ranks[rank] = local
+            out, err = logfiles.rank_paths(self.ctx.state_dir, a.job_id, a.epoch, rank)
+            self.procs.fail(
+                pkey, why, code=EXIT_CANNOT_START, stdout=out, stderr=err, launch_error=True
+            )
+        self._on_change()
+
+    def _refuse(self, r: Refused) -> None:
+        """Report a job this agent could not even read as failed to launch, once."""
+        key = (r.job_id, r.epoch)
+        if key in self._launches or any(k[0] == r.job_id for k in self._launches):
+            return
+        launch = _Launch(None)
+        self._launches[key] = launch
+        launch.ranks[r.rank] = 0
+        out, err = logfiles.rank_paths(self.ctx.state_dir, r.job_id, r.epoch, r.rank)
+        pkey = rank_key(r.job_id, r.epoch, r.rank)
+        self.procs.fail(
+            pkey, r.why, code=EXIT_CANNOT_START, stdout=out, stderr=err, launch_error=True
+        )
         self._on_change()
 
     def _report_lost(self, a: Assignment, ranks: list[tuple[int, int]], why: str) -> None:
@@ -349,22 +444,23 @@ class Reconciler:
         err = self._expand(a, a.error, rank) if a.error is not None else None
         return out, err
 
-    def _prepare_as_user(self, a: Assignment, user: RunAs, ranks: list[int]) -> None:
+    def _prepare_as_user(self, a: Assignment, user: RunAs, ranks: list[int]) -> str | None:
         """As the job's user: create its checkpoint directory, and its `-o`/`-e` files
-        afresh once per launch (kept on restarts, as Slurm). What fails here fails again,
-        with a message, when the ranks open their files."""
+        afresh once per launch (kept on restarts, as Slurm). A file the user cannot create
+        (a directory, no permission) fails the launch ("LaunchFailed: …"); other failures
+        here fail again, with a message, when the ranks open their files."""
         files = set()
         if a.restart_count == 0:
             files = {str(p) for r in ranks for p in self._output_paths(a, r) if p is not None}
         if not files and not a.checkpoint_dir:
-            return
+            return None
         try:
-            subprocess.run(
+            done = subprocess.run(
                 [SHELL, "-c", _PREPARE_AS_USER, "-", a.workdir, a.checkpoint_dir, *sorted(files)],
                 env={**identity.sane_env(), **user.env()},
                 cwd="/",
                 stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL,
                 user=user.uid,
                 group=user.gid,
@@ -375,6 +471,14 @@ class Reconciler:
             )
         except (OSError, subprocess.TimeoutExpired) as e:
             log.warning("job %d: cannot prepare its files as uid %d: %s", a.job_id, user.uid, e)
+            return None
+        unwritable = done.stdout.decode(errors="replace").splitlines()
+        if not unwritable:
+            return None
+        return (
+            f"{LAUNCH_FAILED}cannot write {unwritable[0]} as user {a.user} (uid {user.uid}): "
+            "a directory, a missing folder, or no permission"
+        )
 
     def _expand(self, a: Assignment, pattern: str, rank: int) -> Path:
         name = expand_pattern(
@@ -450,7 +554,7 @@ class Reconciler:
             busy: set[int] = set()
             for (job_id, epoch), launch in self._launches.items():
                 states = (self.procs.get(rank_key(job_id, epoch, r)) for r in launch.ranks)
-                if any(s is not None and s.running for s in states):
+                if launch.assignment and any(s is not None and s.running for s in states):
                     busy.update(launch.assignment.gpus)
             return busy
 
@@ -514,6 +618,7 @@ def _status(
         ended_at=s.ended_at,
         lost=s.lost,
         oom=oom,
+        launch_error=s.launch_error,
     )
 
 

@@ -7,10 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, HTTPException, Query, Response
+from fastapi import FastAPI, Header, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 
 from phalanx import __version__
 from phalanx.api.models import (
+    MAX_INT32,
+    MAX_INT64,
     ErrorBody,
     FaultInjection,
     Health,
@@ -25,6 +29,10 @@ from .logfiles import Stream
 from .reconcile import Reconciler
 from .steps import StepExists, StepManager
 
+_COMMON: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "the body is not valid JSON"},
+    422: {"model": ErrorBody, "description": "invalid request (the fields at fault named)"},
+}
 _ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "missing or wrong token"},
     403: {"model": ErrorBody, "description": "a valid token of another job"},
@@ -32,7 +40,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 Authorization = Annotated[str | None, Header()]
-Offset = Annotated[int, Query(ge=0)]
+Offset = Annotated[int, Query(ge=0, le=MAX_INT64)]  # a file offset (seek takes 64 bits)
 
 
 def create_app(
@@ -45,7 +53,16 @@ def create_app(
     """The agent API. `secret` is the agent secret the head holds (log proxy, fault
     injection); srun inside a job uses that job's step token, which only opens that job.
     `inject` records a fault on fake GPUs (FakeProvider.inject); None: real GPUs."""
-    app = FastAPI(title="Phalanx agent", version=__version__)
+    app = FastAPI(title="Phalanx agent", version=__version__, responses=_COMMON)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_r: Request, e: RequestValidationError) -> JSONResponse:
+        """422 with a `detail` sentence naming the fields at fault, as the head answers."""
+        parts = []
+        for err in e.errors()[:10]:
+            where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+            parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
+        return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid"})
 
     def check(authorization: str | None, job_id: int, *, secret_ok: bool = True) -> None:
         """401 for no/unknown token, 403 for another job's step token."""
@@ -64,13 +81,14 @@ def create_app(
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> Health:
-        return Health(status="ok", version=__version__)
+        errors = reconciler.survivals.total()
+        return Health(status="ok", version=__version__, loop_errors=errors)
 
     @app.get("/v1/logs/{job_id}", response_model=LogChunk, responses=_ERRORS)
     def rank_logs(
         job_id: int,
         authorization: Authorization = None,
-        rank: Annotated[int, Query(ge=0)] = 0,
+        rank: Annotated[int, Query(ge=0, le=MAX_INT32)] = 0,
         stream: Stream = "stdout",
         offset: Offset = 0,
     ) -> LogChunk:
@@ -109,7 +127,7 @@ def create_app(
         job_id: int,
         step_id: int,
         authorization: Authorization = None,
-        task: Annotated[int, Query(ge=0)] = 0,
+        task: Annotated[int, Query(ge=0, le=MAX_INT32)] = 0,
         stream: Stream = "stdout",
         offset: Offset = 0,
     ) -> LogChunk:

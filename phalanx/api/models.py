@@ -8,13 +8,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 62  # the core's per-node bitmask limit
 MAX_ARRAY_TASKS = 10_000
-MAX_INT32 = 2**31 - 1
-MAX_CONFINEMENT = 200  # ids and counts stored in 32-bit database columns
+MAX_INT32 = 2**31 - 1  # ids and counts stored in 32-bit database columns
+MAX_INT64 = 2**63 - 1  # in-memory counters (desired-state versions, steps)
+MAX_LIST = 65_536  # items in a list or dict a peer sends (argv, environment, ranks)
+MAX_TEXT = 65_536  # characters in one argument, variable value or message
+MAX_PATH = 4096  # characters in a path (Linux PATH_MAX)
+MAX_CONFINEMENT = 200  # characters in a node's confinement description
+MAX_PEM = 8192  # characters in a PEM certificate or certificate request
 # A job whose rank exits with this code (EX_TEMPFAIL) asks to be requeued: it checkpointed
 # (phalanx.train does so on a preemption notice) and wants to resume, up to max_restarts.
 REQUEUE_EXIT_CODE = 75
@@ -25,10 +30,51 @@ Role = Literal["user", "team_admin", "admin"]
 NodeStateName = Literal["up", "down", "drain", "draining"]
 DependencyType = Literal["after", "afterok", "afterany", "afternotok"]
 
-SignalName = Annotated[str, StringConstraints(pattern=r"^SIG[A-Z0-9]+$")]
+SignalName = Annotated[str, StringConstraints(max_length=32, pattern=r"^SIG[A-Z0-9]+$")]
 Name = Annotated[
     str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.@+-]+$")
 ]
+
+
+def _no_nul(value: str) -> str:
+    """Refuse NUL: the kernel ends argv entries, variables and paths at one (Python raises)."""
+    if "\x00" in value:
+        raise ValueError(
+            "contains a NUL byte (\\0), which no command, environment variable or path can hold"
+        )
+    return value
+
+
+NoNul = AfterValidator(_no_nul)
+# Strings that become a process's argv, environment or a path: bounded, and NUL-free.
+Arg = Annotated[str, StringConstraints(max_length=MAX_TEXT), NoNul]
+PathText = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PATH), NoNul]
+EnvKey = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern=r"^[^=\x00]+$")]
+EnvValue = Annotated[str, StringConstraints(max_length=MAX_TEXT), NoNul]
+Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]  # a message, shown only
+# A message the head stores (PostgreSQL refuses NUL in text: the commit would fail).
+Message = Annotated[str, StringConstraints(max_length=4096), NoNul]
+ScriptText = Annotated[str, StringConstraints(max_length=1_000_000), NoNul]
+JobName = Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul]
+Address = Annotated[str, StringConstraints(min_length=1, max_length=255), NoNul]
+Url = Annotated[str, StringConstraints(min_length=1, max_length=512), NoNul]
+Token = Annotated[str, StringConstraints(min_length=1, max_length=256), NoNul]
+Pem = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PEM), NoNul]
+# A user, team or account as the head knows it (it lands in the job's environment).
+Label = Annotated[str, StringConstraints(min_length=1, max_length=128), NoNul]
+# Integers as the database stores them (32-bit columns) and as the kernel knows them.
+JobId = Annotated[int, Field(ge=1, le=MAX_INT32)]
+Count = Annotated[int, Field(ge=0, le=MAX_INT32)]
+Counter = Annotated[int, Field(ge=0, le=MAX_INT64)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+Pid = Annotated[int, Field(ge=1, le=MAX_INT32)]
+ExitCode = Annotated[int, Field(ge=0, le=255)]
+SignalNumber = Annotated[int, Field(ge=1, le=255)]
+GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPUS_PER_NODE)]
+# Floats: finite (JSON parsers take NaN and Infinity) and within sane bounds.
+Seconds = Annotated[float, Field(ge=0, le=10 * 365 * 86400, allow_inf_nan=False)]
+UnixTime = Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]
+Measure = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
 
 
 class Wire(BaseModel):
@@ -40,7 +86,7 @@ class Wire(BaseModel):
 # ----------------------------------------------------------------------------- job spec
 class DependencySpec(Wire):
     type: DependencyType
-    job_ids: list[Annotated[int, Field(ge=1, le=MAX_INT32)]] = Field(min_length=1)
+    job_ids: list[JobId] = Field(min_length=1, max_length=MAX_ARRAY_TASKS)
 
 
 class ArraySpec(Wire):
@@ -49,7 +95,7 @@ class ArraySpec(Wire):
     indices: list[Annotated[int, Field(ge=0, le=4_000_000)]] = Field(
         min_length=1, max_length=MAX_ARRAY_TASKS
     )
-    max_parallel: Annotated[int, Field(ge=1)] | None = None
+    max_parallel: Annotated[int, Field(ge=1, le=MAX_ARRAY_TASKS)] | None = None
 
 
 class SignalSpec(Wire):
@@ -68,25 +114,31 @@ class JobSpec(Wire):
     (the text of a batch script, run once on the first node by the batch launcher).
     """
 
-    name: Annotated[str, StringConstraints(min_length=1, max_length=200)] = "job"
-    command: list[Annotated[str, StringConstraints(max_length=65536)]] | None = None
-    script: Annotated[str, StringConstraints(max_length=1_000_000)] | None = None
+    name: JobName = "job"
+    command: Annotated[list[Arg], Field(max_length=MAX_LIST)] | None = None
+    script: ScriptText | None = None
     launcher: Launcher = "torchrun"
     nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
     gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)] = 1
     ntasks_per_node: Annotated[int, Field(ge=1, le=1024)] | None = None
     cpus_per_task: Annotated[int, Field(ge=1, le=4096)] | None = None
-    mem_mb: Annotated[int, Field(ge=1)] | None = None
-    time_limit_s: Annotated[int, Field(ge=1)] | None = None
+    mem_mb: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
+    time_limit_s: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
     team: Name | None = None  # `-p/--partition`; None: the user's default team
     account: Name | None = None  # `-A/--account`: recorded (sacct), not enforced
     qos: Name = "normal"  # maps to a priority class on the head (low, normal, high)
     gpu_model: Name | None = None  # `--gres=gpu:h100:4` or `--constraint`
-    workdir: Annotated[str, StringConstraints(min_length=1, max_length=4096)]
-    output: Annotated[str, StringConstraints(max_length=4096)] | None = None  # `-o` pattern
-    error: Annotated[str, StringConstraints(max_length=4096)] | None = None  # `-e` pattern
-    env: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = {}
-    dependencies: list[DependencySpec] = []
+    workdir: PathText
+    output: PathText | None = None  # `-o` pattern
+    error: PathText | None = None  # `-e` pattern
+    env: Annotated[
+        dict[
+            Annotated[str, StringConstraints(max_length=1024, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
+            EnvValue,
+        ],
+        Field(max_length=MAX_LIST),
+    ] = {}
+    dependencies: list[DependencySpec] = Field(default=[], max_length=64)
     dependency_any: bool = False  # Slurm's `?` separator: any one dependency suffices
     array: ArraySpec | None = None
     requeue: bool = True
@@ -94,12 +146,12 @@ class JobSpec(Wire):
     exclusive: bool = False
     preemptible: bool = True
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
-    exclude_nodes: list[Name] = []
+    exclude_nodes: list[Name] = Field(default=[], max_length=MAX_NODES)
     # Fault tolerance (docs/fault-tolerance.md). Restarts after a node failure, a hang, a
     # GPU fault or a preemption count against max_restarts; so does a rank's non-zero
     # exit when restart_on_failure is set (otherwise the job ends F).
     restart_on_failure: bool = False
-    checkpoint_dir: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = None
+    checkpoint_dir: PathText | None = None
     preempt_signal: SignalName = "SIGUSR1"  # the preemption notice
     preempt_grace_s: Annotated[int, Field(ge=0, le=86400)] | None = None  # None: the head's
     hang_timeout_s: Annotated[int, Field(ge=0, le=7 * 86400)] | None = None  # 0: off
@@ -155,12 +207,12 @@ class JobEvent(Wire):
 class JobProgress(Wire):
     """A training progress report a job posts (phalanx.train does, with its step token)."""
 
-    rank: Annotated[int, Field(ge=0)]
-    step: Annotated[int, Field(ge=0)]
-    loss: float | None = None
-    tokens_per_s: float | None = None
-    mfu: float | None = None
-    time: float
+    rank: Count
+    step: Counter
+    loss: Measure | None = None
+    tokens_per_s: Measure | None = None
+    mfu: Measure | None = None
+    time: UnixTime
 
 
 class JobDetail(Wire):
@@ -203,18 +255,18 @@ class LogChunk(Wire):
 
 # ----------------------------------------------------------------------------- nodes
 class GpuInfo(Wire):
-    index: int
-    uuid: str
-    model: str
-    memory_mb: int
+    index: GpuIndex
+    uuid: Annotated[str, StringConstraints(max_length=256), NoNul]
+    model: Annotated[str, StringConstraints(max_length=256), NoNul]
+    memory_mb: Count
 
 
 class GpuTelemetry(Wire):
-    index: int
-    utilization_pct: float | None = None
-    memory_used_mb: int | None = None
-    temperature_c: float | None = None
-    power_w: float | None = None
+    index: GpuIndex
+    utilization_pct: Measure | None = None
+    memory_used_mb: Count | None = None
+    temperature_c: Measure | None = None
+    power_w: Measure | None = None
 
 
 class NodeInfo(Wire):
@@ -240,7 +292,7 @@ class NodeList(Wire):
 
 
 class DrainRequest(Wire):
-    reason: Annotated[str, StringConstraints(min_length=1, max_length=500)]
+    reason: Annotated[str, StringConstraints(min_length=1, max_length=500), NoNul]
 
 
 # ----------------------------------------------------------------------------- agent wire
@@ -248,65 +300,69 @@ class RegisterRequest(Wire):
     """An agent joins with a join token and gets back a per-node credential."""
 
     name: Name
-    address: str
-    agent_url: str  # where the agent's own API listens (logs, srun steps)
+    address: Address
+    agent_url: Url  # where the agent's own API listens (logs, srun steps)
     agent_secret: Annotated[str, StringConstraints(min_length=16, max_length=256)]
     cpus: Annotated[int, Field(ge=1, le=MAX_INT32)]
     memory_mb: Annotated[int, Field(ge=1, le=MAX_INT32)]
     gpus: list[GpuInfo] = Field(max_length=MAX_GPUS_PER_NODE)
-    labels: dict[Name, Name] = {}
+    labels: Annotated[dict[Name, Name], Field(max_length=64)] = {}
     # How the agent confines jobs: "cgroup-v1", "cgroup-v2 (…)" or "none: <reason>".
-    confinement: Annotated[str, StringConstraints(max_length=MAX_CONFINEMENT)] = "unknown"
+    confinement: Annotated[str, StringConstraints(max_length=MAX_CONFINEMENT), NoNul] = "unknown"
     # A PEM certificate request for the agent's API key: the head signs it with its CA
     # (when it has one) so clients of the agent's API verify it as they verify the head.
-    csr: Annotated[str, StringConstraints(max_length=8192)] | None = None
+    csr: Pem | None = None
 
 
 class RegisterResponse(Wire):
-    node_token: str
-    heartbeat_s: float
-    lease_s: float
-    agent_cert: str | None = None  # the signed certificate for `csr` (PEM)
+    node_token: Token
+    heartbeat_s: Annotated[Seconds, Field(gt=0)]
+    lease_s: Annotated[Seconds, Field(gt=0)]
+    # The signed certificate for `csr` (PEM)
+    agent_cert: Pem | None = None
 
 
 class ProcessStatus(Wire):
     """One rank (or the batch script) the agent started, as the agent sees it now."""
 
-    job_id: int
-    epoch: int
-    rank: int  # global rank; the batch script is rank 0
-    local_rank: int
-    pid: int | None
+    job_id: JobId
+    epoch: Count
+    rank: Count  # global rank; the batch script is rank 0
+    local_rank: Count
+    pid: Pid | None
     running: bool
-    exit_code: int | None = None  # set when exited normally
-    signal: int | None = None  # set when killed by a signal
-    started_at: float
-    ended_at: float | None = None
+    exit_code: ExitCode | None = None  # set when exited normally
+    signal: SignalNumber | None = None  # set when killed by a signal
+    started_at: UnixTime
+    ended_at: UnixTime | None = None
     # The agent, not the job, ended it: fenced (no answer from the head for the lease) or
     # lost when the agent restarted. The head treats it as a node failure (requeue).
     lost: bool = False
     # It ended (killed or failed) after the kernel's OOM killer killed a process of the job
     # for its --mem limit (the job's cgroup counted an OOM kill). The head ends it OOM.
     oom: bool = False
+    # Set when the agent could not launch it at all ("LaunchFailed: …": an unusable `-o`
+    # path, an assignment it cannot read). The head fails the job; no restart would help.
+    launch_error: Message | None = None
 
 
 class GpuHealthEvent(Wire):
     """Something the agent saw go wrong with a GPU (NVML, or injected on fake GPUs). Sent in
     every heartbeat until the head acknowledges its `seq` (DesiredState.health_ack)."""
 
-    seq: Annotated[int, Field(ge=1)]
-    time: float
-    gpu: int | None  # GPU index on the node; None: the node as a whole
+    seq: Annotated[int, Field(ge=1, le=MAX_INT64)]
+    time: UnixTime
+    gpu: GpuIndex | None  # GPU index on the node; None: the node as a whole
     kind: Literal["xid", "ecc_uncorrectable", "row_remap_failure", "gpu_lost"]
-    code: int | None = None  # the XID number
-    message: str
+    code: Count | None = None  # the XID number
+    message: Message
 
 
 class NodeHealth(Wire):
-    events: list[GpuHealthEvent] = []  # not yet acknowledged, oldest first
+    events: list[GpuHealthEvent] = Field(default=[], max_length=1024)  # unacked, oldest first
     # The first line of output of the first failing health-check script (NHC style:
     # exit 0 is healthy); None while every check passes.
-    check_failure: str | None = None
+    check_failure: Message | None = None
 
 
 class Heartbeat(Wire):
@@ -314,11 +370,15 @@ class Heartbeat(Wire):
     `wait_s` > 0 the head holds the answer until that version changes (long poll)."""
 
     name: Name
-    version: int
-    wait_s: Annotated[float, Field(ge=0, le=30)] = 0.0
-    processes: list[ProcessStatus] = []
-    master_ports: dict[str, int] = {}  # job id → port picked by the rank-0 node
-    gpus: list[GpuTelemetry] = []
+    version: Counter
+    wait_s: Annotated[float, Field(ge=0, le=30, allow_inf_nan=False)] = 0.0
+    processes: list[ProcessStatus] = Field(default=[], max_length=MAX_LIST)
+    # job id → port picked by the rank-0 node
+    master_ports: Annotated[
+        dict[Annotated[str, StringConstraints(max_length=10, pattern=r"^[0-9]+$")], Port],
+        Field(max_length=MAX_LIST),
+    ] = {}
+    gpus: list[GpuTelemetry] = Field(default=[], max_length=MAX_GPUS_PER_NODE + 1)
     health: NodeHealth = NodeHealth()
 
 
@@ -326,62 +386,64 @@ class Notice(Wire):
     """A signal the agent delivers once to a job's processes: a preemption notice, a time
     limit's `--signal`, or `phalanx cancel --signal`."""
 
-    id: Annotated[int, Field(ge=1)]  # per job; the agent delivers each id once per epoch
+    id: Annotated[int, Field(ge=1, le=MAX_INT32)]  # per job; delivered once per epoch
     signal: SignalName
     batch_only: bool = False  # only the batch script's process, not srun steps
-    reason: str
+    reason: Text
 
 
 class Assignment(Wire):
     """One job this node must run, with everything needed to launch its local ranks."""
 
-    job_id: int
-    epoch: int
-    name: str
-    user: str
+    job_id: JobId
+    epoch: Count
+    name: JobName
+    user: Label
     launcher: Launcher
-    command: list[str] | None
-    script: str | None
-    workdir: str
-    env: dict[str, str]
-    gpus: list[int]  # local GPU indices for this job on this node
-    node_rank: int
-    nodes: list[str]  # node names, rank order
-    addresses: list[str]  # their addresses, rank order
-    agent_urls: list[str]  # their agent URLs, rank order (srun)
-    gpus_per_node: int
-    ntasks_per_node: int | None
-    cpus_per_task: int | None
-    master_addr: str
-    master_port: int | None  # None until the rank-0 node picked a free port
-    restart_count: int
-    submit_dir: str
-    output: str | None
-    error: str | None
-    array_job_id: int | None
-    array_task_id: int | None
-    time_limit_s: int | None
-    step_token: str  # lets `srun` inside this job start tasks on its nodes
-    account: str | None
-    team: str
-    checkpoint_dir: str  # PHALANX_CHECKPOINT_DIR: the same for every restart of the job
+    command: Annotated[list[Arg], Field(max_length=MAX_LIST)] | None
+    script: ScriptText | None
+    workdir: PathText
+    env: Annotated[dict[EnvKey, EnvValue], Field(max_length=MAX_LIST)]
+    gpus: list[GpuIndex] = Field(max_length=MAX_GPUS_PER_NODE)  # local GPU indices, this node
+    node_rank: Annotated[int, Field(ge=0, lt=MAX_NODES)]
+    nodes: list[Name] = Field(min_length=1, max_length=MAX_NODES)  # node names, rank order
+    addresses: list[Address] = Field(max_length=MAX_NODES)  # their addresses, rank order
+    agent_urls: list[Url] = Field(max_length=MAX_NODES)  # their agent URLs, rank order (srun)
+    gpus_per_node: Annotated[int, Field(ge=1, le=MAX_GPUS_PER_NODE)]
+    ntasks_per_node: Annotated[int, Field(ge=1, le=1024)] | None
+    cpus_per_task: Annotated[int, Field(ge=1, le=4096)] | None
+    master_addr: Address
+    master_port: Port | None  # None until the rank-0 node picked a free port
+    restart_count: Count
+    submit_dir: PathText
+    output: PathText | None
+    error: PathText | None
+    array_job_id: JobId | None
+    array_task_id: Count | None
+    time_limit_s: Annotated[int, Field(ge=1, le=MAX_INT32)] | None
+    step_token: Token  # lets `srun` inside this job start tasks on its nodes
+    account: Label | None
+    team: Label
+    # PHALANX_CHECKPOINT_DIR: the same for every restart of the job ("": none)
+    checkpoint_dir: Annotated[str, StringConstraints(max_length=MAX_PATH), NoNul]
     preempt_signal: SignalName  # PHALANX_PREEMPT_SIGNAL
-    preempt_grace_s: float  # PHALANX_PREEMPT_DEADLINE: seconds from a notice to the kill
-    notices: list[Notice] = []
+    preempt_grace_s: Seconds  # PHALANX_PREEMPT_DEADLINE: seconds from a notice to the kill
+    notices: list[Notice] = Field(default=[], max_length=1024)
     # The Unix account the job runs as on the node (docs/security.md): `user` by name
     # unless an admin set a uid (and gid) for that user.
     uid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
     gid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
-    mem_mb: int | None = None  # --mem: the job's memory limit on this node (its cgroup)
+    # --mem: the job's memory limit on this node (its cgroup)
+    mem_mb: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
 
 
 class DesiredState(Wire):
-    version: int
-    jobs: list[Assignment]
-    heartbeat_s: float
-    lease_s: float  # the agent stops its jobs when the head has not answered for this long
-    kill_grace_s: float
-    health_ack: int = 0  # the highest GpuHealthEvent.seq of this node the head has handled
+    version: Counter
+    jobs: list[Assignment] = Field(max_length=MAX_LIST)
+    heartbeat_s: Annotated[Seconds, Field(gt=0)]
+    lease_s: Annotated[Seconds, Field(gt=0)]  # the agent fences after this long unanswered
+    kill_grace_s: Seconds
+    health_ack: Counter = 0  # the highest GpuHealthEvent.seq of this node the head has handled
 
 
 # ----------------------------------------------------------------------------- auth admin
@@ -395,8 +457,8 @@ class WhoAmI(Wire):
 class UserCreate(Wire):
     name: Name
     admin: bool = False
-    teams: list[Name] = []
-    team_admin_of: list[Name] = []
+    teams: list[Name] = Field(default=[], max_length=1024)
+    team_admin_of: list[Name] = Field(default=[], max_length=1024)
     default_team: Name | None = None
     # The Unix account on the nodes (docs/security.md); None: the account named `name`.
     uid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
@@ -427,7 +489,7 @@ class UserList(Wire):
 
 class TokenCreate(Wire):
     user: Name
-    description: Annotated[str, StringConstraints(max_length=200)] = ""
+    description: Annotated[str, StringConstraints(max_length=200), NoNul] = ""
 
 
 class TokenIssued(Wire):
@@ -456,7 +518,7 @@ class TeamSpec(Wire):
     quota_gpus: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None  # None: unlimited
     cohort: Name | None = None
     borrowing_limit: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
-    weight: Annotated[float, Field(gt=0)] | None = None
+    weight: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = None
 
 
 class TeamInfo(Wire):
@@ -483,22 +545,26 @@ class Health(Wire):
     # A standby head (PostgreSQL leader election, docs/high-availability.md) answers
     # /healthz only; every other endpoint answers 503 until it becomes the leader.
     role: Literal["leader", "standby"] = "leader"
+    # Unexpected exceptions the daemon's loops caught, logged and survived since it started
+    # (agent: reconcile, heartbeat, health; head: the control loop).
+    loop_errors: Count = 0
 
 
 # ----------------------------------------------------------------------------- srun steps
 class StepTask(Wire):
-    task_id: int  # SLURM_PROCID within the step
-    local_id: int  # SLURM_LOCALID
-    node_id: int  # SLURM_NODEID
-    argv: list[str] = Field(min_length=1)
-    env: dict[str, str] = {}  # srun's own environment, forwarded
+    task_id: Count  # SLURM_PROCID within the step
+    local_id: Count  # SLURM_LOCALID
+    node_id: Annotated[int, Field(ge=0, lt=MAX_NODES)]  # SLURM_NODEID
+    argv: list[Arg] = Field(min_length=1, max_length=MAX_LIST)
+    # srun's own environment, forwarded
+    env: Annotated[dict[EnvKey, EnvValue], Field(max_length=MAX_LIST)] = {}
 
 
 class StepLaunch(Wire):
-    job_id: int
-    step_id: int
-    workdir: str
-    tasks: list[StepTask] = Field(min_length=1)
+    job_id: JobId
+    step_id: Count
+    workdir: PathText
+    tasks: list[StepTask] = Field(min_length=1, max_length=4096)
 
 
 class StepTaskStatus(Wire):
@@ -523,4 +589,4 @@ class FaultInjection(Wire):
     gpu: Annotated[int, Field(ge=0, le=MAX_GPUS_PER_NODE)] | None = None
     kind: Literal["xid", "ecc_uncorrectable", "row_remap_failure", "gpu_lost"] = "xid"
     code: Annotated[int, Field(ge=0, le=1000)] | None = None  # the XID number (kind xid)
-    message: Annotated[str, StringConstraints(max_length=500)] = "injected fault"
+    message: Annotated[str, StringConstraints(max_length=500), NoNul] = "injected fault"

@@ -319,7 +319,8 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
 
     @app.get("/healthz", response_model=m.Health, responses={})
     def healthz() -> m.Health:
-        return m.Health(status="ok", version=__version__, role=role.name)
+        errors = head.control.loop_errors
+        return m.Health(status="ok", version=__version__, role=role.name, loop_errors=errors)
 
     @app.get("/v1/whoami", response_model=m.WhoAmI)
     def whoami(who: User) -> m.WhoAmI:
@@ -395,7 +396,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         who: User,
         rank: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
         stream: Literal["stdout", "stderr"] = "stdout",
-        offset: Annotated[int, Query(ge=0)] = 0,
+        offset: Annotated[int, Query(ge=0, le=m.MAX_INT64)] = 0,
     ) -> m.LogChunk:
         rec = head.job_record(who, job_id)
         node = head.log_source(rec, rank)

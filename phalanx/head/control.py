@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -63,6 +64,8 @@ class ControlThread:
         self._stopping = False
         self.on_commit: Callable[[set[str]], None] = lambda nodes: None
         self.cycles = 0
+        # Unexpected exceptions in operations or cycles that were rolled back and survived.
+        self.loop_errors = 0
         self._kicked = False  # something changed that the scheduler should look at
         self._last_cycle = 0.0
         # Operations per transaction (group commit). 1 turns batching off: bench/submit.py
@@ -158,29 +161,68 @@ class ControlThread:
             self._held = None
 
     def _batch(self, ops: list[_Op], tick: bool) -> None:
+        """Run `ops` (and the clock, the scheduler) in one transaction. An unexpected
+        exception in one of them (a bug, bad data) is rolled back with the whole batch, the
+        mirror is rebuilt from the database as a restart would, that operation is answered
+        500, and the others run again: one poisoned request never stops the head."""
+        while True:
+            failed, bad = self._try_batch(ops, tick)
+            if not failed:
+                return
+            if bad is not None:
+                ops = [op for op in ops if op is not bad]
+                error = HeadError(500, "internal error in the head; nothing was changed")
+                _resolve([(bad, None, error)])
+            else:  # the clock or the scheduler: try them again a tick later, not at once
+                tick = False
+                self._kicked = False
+                self._last_cycle = time.monotonic() + self.mirror.settings.tick_s
+
+    def _try_batch(self, ops: list[_Op], tick: bool) -> tuple[bool, _Op | None]:
+        """One attempt of `_batch`: (False, None) when committed and answered; (True, op)
+        when `op` (None: the clock or the scheduler) raised and all was rolled back."""
         tx = Tx(self._connect)
         results: list[tuple[_Op, Any, BaseException | None]] = []
         try:
             with self.lock:
-                for op in ops:
-                    try:
-                        results.append((op, op.fn(tx), None))
-                    except HeadError as e:  # refused before changing anything
-                        results.append((op, None, e))
-                now = time.time()
-                if tick:
-                    clock.tick(self.mirror, tx, now)
-                self._kicked = self._kicked or tx.kick or self.mirror.core_dirty
-                due = time.monotonic() >= self._last_cycle + CYCLE_MIN_INTERVAL_S
-                if tick or (self._kicked and due):
-                    scheduling.cycle(self.mirror, tx, now)
-                    self.cycles += 1
-                    self._kicked = False
-                    self._last_cycle = time.monotonic()
+                current: _Op | None = None
+                try:
+                    for op in ops:
+                        current = op
+                        try:
+                            results.append((op, op.fn(tx), None))
+                        except HeadError as e:  # refused before changing anything
+                            results.append((op, None, e))
+                    current = None
+                    now = time.time()
+                    if tick:
+                        clock.tick(self.mirror, tx, now)
+                    self._kicked = self._kicked or tx.kick or self.mirror.core_dirty
+                    due = time.monotonic() >= self._last_cycle + CYCLE_MIN_INTERVAL_S
+                    if tick or (self._kicked and due):
+                        scheduling.cycle(self.mirror, tx, now)
+                        self.cycles += 1
+                        self._kicked = False
+                        self._last_cycle = time.monotonic()
+                except Exception:
+                    self.loop_errors += 1
+                    where = "an operation" if current is not None else "the clock or a cycle"
+                    log.exception(
+                        "control loop: unexpected error in %s (#%d); rolled back, rebuilding "
+                        "the mirror from the database and carrying on",
+                        where,
+                        self.loop_errors,
+                    )
+                    # Nothing of this batch was committed or answered. A failing rollback
+                    # or reload is a store failure: the handler below stops the head.
+                    tx.rollback()
+                    self._reload()
+                    self._release(tx.connection)
+                    return True, current
                 tx.commit()
         except BaseException:
-            # The mirror may now disagree with the database: stop rather than serve wrong
-            # answers. The database holds every committed change; a restart rebuilds.
+            # The store failed (or the mirror may disagree with it): stop rather than serve
+            # wrong answers. The database holds every committed change; a restart rebuilds.
             log.exception("control loop failed; the head stops (state is safe in the database)")
             try:
                 with contextlib.suppress(Exception):  # uncommitted work is dropped regardless
@@ -192,6 +234,15 @@ class ControlThread:
         _resolve(results)
         if tx.touched_nodes:
             self.on_commit(tx.touched_nodes)
+        return False, None
+
+    def _reload(self) -> None:
+        """Rebuild the mirror in place (readers hold references to it) from the database,
+        as a restart would: what was committed is all there is."""
+        fresh = Mirror(self.mirror.settings)
+        for f in dataclasses.fields(Mirror):
+            setattr(self.mirror, f.name, getattr(fresh, f.name))
+        self.load()
 
 
 def _resolve(results: list[tuple[_Op, Any, BaseException | None]]) -> None:

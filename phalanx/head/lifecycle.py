@@ -22,6 +22,7 @@ FINAL_STATE = {
     "oom": "OOM",
 }
 REQUEUE = ("preempt", "requeue")
+LAUNCH_FAILED = "LaunchFailed: "
 # A node that failed this many jobs within the window is kept out of the next placement
 # of the job it failed (when enough other nodes exist).
 BLAME_THRESHOLD = 2
@@ -83,6 +84,27 @@ def restart_or_end(
     rec.reason, rec.reason_message = code, why
     tx.event(now, code.lower(), why, rec.id, node=blame)
     begin_stop(mirror, tx, rec, end_as, exit_code, why, now)
+
+
+def launch_failed(
+    mirror: Mirror,
+    tx: Tx,
+    rec: JobRecord,
+    detail: str,
+    now: float,
+    *,
+    node: str | None = None,
+    exit_code: str = "1:0",
+) -> None:
+    """The job cannot be launched as specified (an unusable `-o` path, a field no agent
+    accepts): fail it with reason LaunchFailed. Never requeued: it would fail the same way
+    on the next node, and crash-looping nodes is how a poisoned job used to spread."""
+    if rec.stopping is not None:
+        return
+    rec.reason, rec.reason_message = "LaunchFailed", detail
+    message = LAUNCH_FAILED + detail
+    tx.event(now, "launch_failed", message, rec.id, node=node)
+    begin_stop(mirror, tx, rec, "fail", exit_code, message, now)
 
 
 def _blame(mirror: Mirror, tx: Tx, rec: JobRecord, node: str, now: float) -> None:

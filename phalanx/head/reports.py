@@ -5,7 +5,7 @@ from __future__ import annotations
 from phalanx.api.models import REQUEUE_EXIT_CODE, Heartbeat, NodeHealth, ProcessStatus
 from phalanx.api.xid import classify
 from phalanx.head import store
-from phalanx.head.lifecycle import begin_stop, restart_or_end, settle
+from phalanx.head.lifecycle import LAUNCH_FAILED, begin_stop, launch_failed, restart_or_end, settle
 from phalanx.head.mirror import Mirror, Tx
 from phalanx.head.records import JobRecord, NodeRecord
 
@@ -110,6 +110,14 @@ def _evaluate(mirror: Mirror, tx: Tx, rec: JobRecord, reporter: str, now: float)
             rec.reason, rec.reason_message = "OutOfMemory", message
             tx.event(now, "oom", message, rec.id, node=node)
             begin_stop(mirror, tx, rec, "oom", f"{code}:{sig}", message, now)
+            return
+        if p.launch_error is not None:
+            # The agent could not launch it (an unusable `-o` path, an assignment it cannot
+            # read): the same spec fails on any node, so fail the job, never requeue it.
+            what = "the batch script" if rec.spec.launcher == "batch" else f"rank {rank}"
+            detail = f"{what} on {node}: {p.launch_error.removeprefix(LAUNCH_FAILED)}"
+            code = p.exit_code if p.exit_code is not None else 1
+            launch_failed(mirror, tx, rec, detail, now, node=node, exit_code=f"{code}:0")
             return
         if p.lost:
             message = f"rank {rank} on {node} was stopped by its agent (no head, or restarted)"

@@ -10,8 +10,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from pydantic import ValidationError
+
 from phalanx.api import models as m
-from phalanx.head import auth, jobs, reports, store
+from phalanx.head import auth, jobs, lifecycle, reports, store
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.certs import AgentSigner
 from phalanx.head.control import ControlThread, HeadError, _core_team
@@ -27,6 +29,7 @@ class Head:
         self.mirror = control.mirror
         self._principals: dict[str, Principal] = {}
         self._wakers: dict[str, asyncio.Event] = {}
+        self._unlaunchable_jobs: set[tuple[int, int]] = set()  # (job id, epoch) failed so
         self.loop: asyncio.AbstractEventLoop | None = None
         # Signs agents' API certificates (a head serving TLS with its own CA), and how the
         # head checks them when it calls an agent (log reads, fault injection).
@@ -308,7 +311,10 @@ class Head:
                 rec = self.mirror.jobs.get(job_id)
                 if rec is None or rec.stopping is not None or rec.state not in ("R", "PR"):
                     continue
-                assignments.append(self._assignment(rec, name))
+                try:
+                    assignments.append(self._assignment(rec, name))
+                except ValidationError as e:  # stored before the API bounded it: fail it
+                    self._unlaunchable(rec, name, e)
             return m.DesiredState(
                 version=node.version,
                 jobs=assignments,
@@ -317,6 +323,25 @@ class Head:
                 kill_grace_s=s.kill_grace_s,
                 health_ack=node.health_seq,
             )
+
+    def _unlaunchable(self, rec: JobRecord, node: str, e: ValidationError) -> None:
+        """A job no agent could accept (a NUL in its command, stored before the API refused
+        one): leave it out of every desired state and fail it with LaunchFailed, once."""
+        key = (rec.id, rec.epoch)
+        if key in self._unlaunchable_jobs:
+            return
+        self._unlaunchable_jobs.add(key)
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()[:5]
+        )
+
+        def op(tx: Tx) -> None:
+            live = self.mirror.jobs.get(key[0])
+            if live is not None and live.epoch == key[1]:
+                detail = f"its assignment on {node} is invalid: {problems}"
+                lifecycle.launch_failed(self.mirror, tx, live, detail, time.time(), node=node)
+
+        self.control.submit_op(op)
 
     def _assignment(self, rec: JobRecord, node: str) -> m.Assignment:
         names = [n for n, _ in rec.placement]

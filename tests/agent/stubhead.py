@@ -9,9 +9,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Header, HTTPException
+from fastapi.responses import JSONResponse
 
 from phalanx.api.models import DesiredState, Heartbeat, RegisterRequest, RegisterResponse
 
@@ -24,9 +26,11 @@ NODE = "node-token-qrstuvwxyz012345"
 @dataclass
 class StubHead:
     """Records what the agent sends; answers `desired` (replace it to change the answer;
-    the long poll is held while the agent already has its version)."""
+    the long poll is held while the agent already has its version). `raw`, when set, is
+    answered instead, as JSON, unvalidated: what a broken or hostile head might send."""
 
     desired: DesiredState
+    raw: dict[str, Any] | None = None
     registered: list[RegisterRequest] = field(default_factory=list)
     beats: list[Heartbeat] = field(default_factory=list)
     url: str = ""
@@ -42,13 +46,17 @@ class StubHead:
             d = self.desired
             return RegisterResponse(node_token=NODE, heartbeat_s=d.heartbeat_s, lease_s=d.lease_s)
 
-        @app.post("/v1/agent/heartbeat")
-        async def heartbeat(beat: Heartbeat, authorization: str = Header("")) -> DesiredState:
+        @app.post("/v1/agent/heartbeat", response_model=None)
+        async def heartbeat(
+            beat: Heartbeat, authorization: str = Header("")
+        ) -> DesiredState | JSONResponse:
             if authorization != f"Bearer {NODE}":
                 raise HTTPException(401, "invalid node token")
             self.beats.append(beat)
             if beat.version == self.desired.version:
                 await asyncio.sleep(beat.wait_s)  # nothing will change: hold the long poll
+            if self.raw is not None:
+                return JSONResponse(self.raw)
             return self.desired
 
         return app

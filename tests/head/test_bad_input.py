@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -30,6 +32,23 @@ CASES = [
     ("bad dependency type", {**GOOD, "dependencies": [{"type": "aftr", "job_ids": [1]}]}, 422, ""),
     ("zero time limit", {**GOOD, "time_limit_s": 0}, 422, "time_limit_s"),
     ("array too large", {**GOOD, "array": {"indices": list(range(10_001))}}, 422, "array"),
+    # A NUL byte cannot be passed to a process (argv, environment) or a path: an agent that
+    # tried crashed, and the requeued job crashed the next node (issue 12).
+    ("NUL in name", {**GOOD, "name": "a\x00b"}, 422, "name: Value error, contains a NUL byte"),
+    ("NUL in command", {**GOOD, "command": ["echo", "a\x00b"]}, 422, "command.1: Value error"),
+    ("NUL in env value", {**GOOD, "env": {"A": "x\x00"}}, 422, "env.A: Value error, contains"),
+    ("NUL in env name", {**GOOD, "env": {"A\x00B": "x"}}, 422, "env.A\x00B"),
+    ("= in env name", {**GOOD, "env": {"A=B": "x"}}, 422, "env.A=B"),
+    ("NUL in workdir", {**GOOD, "workdir": "/tmp\x00x"}, 422, "workdir: Value error, contains"),
+    ("NUL in output", {**GOOD, "output": "o\x00%j"}, 422, "output: Value error, contains"),
+    (
+        "NUL in script",
+        {"script": "#!/bin/sh\necho \x00\n", "launcher": "batch", "workdir": "/tmp"},
+        422,
+        "script: Value error, contains a NUL byte",
+    ),
+    ("huge memory", {**GOOD, "mem_mb": 2**70}, 422, "mem_mb"),
+    ("infinite time limit", {**GOOD, "time_limit_s": 2**40}, 422, "time_limit_s"),
 ]
 
 
@@ -99,3 +118,64 @@ def test_too_many_gpus_for_this_cluster_once_nodes_joined(head: HeadProc) -> Non
     r = c.post("/v1/jobs", json={**GOOD, "gpu_model": "A100"})
     assert r.status_code == 422 and "H100" in r.json()["detail"]
     assert _all_jobs(c) == before
+
+
+@pytest.mark.parametrize(
+    ("what", "ports", "needle"),
+    [
+        ("port past SQLite's integer", {"JOB": 2**70}, "master_ports.JOB"),
+        ("negative port", {"JOB": -1}, "master_ports.JOB"),
+        ("port zero", {"JOB": 0}, "master_ports.JOB"),
+        ("job id not a number", {"x1": 29500}, "master_ports.x1"),
+    ],
+)
+def test_bad_heartbeat_is_refused_at_the_edge_and_the_head_keeps_running(
+    head: HeadProc, what: str, ports: dict[str, int], needle: str
+) -> None:
+    # A master port of 2**70 for a job waiting for its port once overflowed SQLite's integer
+    # inside the control loop, which stopped the head (issue 12). Runs after the test above:
+    # the same node registers again.
+    node_token = _register(head)
+    node = head.client(node_token)
+    c = head.client()
+    job_id = c.post("/v1/jobs", json=GOOD).json()["job_ids"][0]
+    beat = {"name": "127.0.0.2", "version": 0, "wait_s": 0}
+    deadline = time.monotonic() + 30
+    while c.get(f"/v1/jobs/{job_id}").json()["job"]["state"] != "R":
+        assert time.monotonic() < deadline, "the job was never placed on the node"
+        assert node.post("/v1/agent/heartbeat", json=beat).status_code == 200
+        time.sleep(0.1)
+    bad = {str(job_id) if k == "JOB" else k: v for k, v in ports.items()}
+    r = node.post("/v1/agent/heartbeat", json={**beat, "master_ports": bad})
+    assert r.status_code == 422, (what, r.status_code, r.text)
+    assert needle.replace("JOB", str(job_id)) in r.json()["detail"], r.json()["detail"]
+    # Still alive and answering, the job still waits for a good port, which it then takes.
+    assert head.proc.poll() is None
+    assert httpx.get(head.url + "/healthz", timeout=10).status_code == 200
+    r = node.post("/v1/agent/heartbeat", json={**beat, "master_ports": {str(job_id): 29500}})
+    assert r.status_code == 200, r.text
+    (assignment,) = [a for a in r.json()["jobs"] if a["job_id"] == job_id]
+    assert assignment["master_port"] == 29500
+    assert c.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
+    # The node reports it applied every version so far, with nothing running: the job ends.
+    assert node.post("/v1/agent/heartbeat", json={**beat, "version": 2**62}).status_code == 200
+    assert c.get(f"/v1/jobs/{job_id}").json()["job"]["state"] == "CA"
+
+
+def _register(head: HeadProc) -> str:
+    """Register (again) the 4-GPU node 127.0.0.2 and return its node token."""
+    join = head.client(head.join_token)
+    gpus = [{"index": i, "uuid": f"GPU-{i}", "model": "H100", "memory_mb": 81559} for i in range(4)]
+    reg = {
+        "name": "127.0.0.2",
+        "address": "127.0.0.2",
+        "agent_url": "http://127.0.0.2:1",
+        "agent_secret": "s" * 32,
+        "cpus": 4,
+        "memory_mb": 4096,
+        "gpus": gpus,
+    }
+    r = join.post("/v1/agent/register", json=reg)
+    assert r.status_code == 200, r.text
+    token: str = r.json()["node_token"]
+    return token

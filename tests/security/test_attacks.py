@@ -86,7 +86,27 @@ def test_bob_cannot_truncate_alices_file_with_output(people: dict[str, Person], 
     assert victim.read_text() == "alice's results\n"
     assert victim.stat().st_uid == alice.uid
     assert state == "F"
-    assert f"cannot open output file {victim} as user {bob.name}" in err
+    assert f"LaunchFailed: cannot write {victim} as user {bob.name}" in err
+    _launch_failed_once(bob, attack)
+
+
+def _launch_failed_once(person: Person, job_id: int) -> None:
+    """The job failed as LaunchFailed (the same cause on any node) and was not requeued."""
+    info = person.client.job(job_id).job
+    assert (info.reason, info.restart_count) == ("LaunchFailed", 0), info
+
+
+def test_output_naming_a_directory_fails_the_launch_as_the_user(people: dict[str, Person]) -> None:
+    bob = people["bob"]
+    folder = bob.home / "a-folder"
+    folder.mkdir(exist_ok=True)
+    os.chown(folder, bob.uid, bob.gid)
+    attack = submit(bob.client, job(bob.home, sh("echo x"), output=str(folder)))
+    state, _out, err = _ended(bob, attack)
+    assert state == "F"
+    assert f"LaunchFailed: cannot write {folder} as user {bob.name}" in err
+    assert folder.is_dir() and not any(folder.iterdir())
+    _launch_failed_once(bob, attack)
 
 
 def test_output_cannot_escape_upwards(people: dict[str, Person], base: Path) -> None:
@@ -95,7 +115,7 @@ def test_output_cannot_escape_upwards(people: dict[str, Person], base: Path) -> 
     state, _out, err = _ended(bob, attack)
     assert not (base / f"escaped-{attack}.txt").exists()
     assert state == "F"
-    assert "cannot open output file" in err
+    assert "LaunchFailed: cannot write" in err
 
 
 def test_bob_cannot_work_in_alices_private_directory(people: dict[str, Person]) -> None:
