@@ -77,6 +77,10 @@ def run_agent(cfg: AgentConfig, stop: threading.Event | None = None) -> None:
     """Run the agent until SIGINT/SIGTERM (or `stop` is set): serve the agent API,
     register with the head, heartbeat and reconcile. Every job process is stopped before
     it returns. Raises AgentError for problems the user must fix (no GPUs, bad token)."""
+    # Everything the agent writes is its own unless it says otherwise (jobs' files are
+    # created for their user): no job reads the agent's records or credentials. The
+    # umask is the process's: an agent run inside another program gives it back.
+    umask = os.umask(0o077)
     try:
         _check_head_urls(cfg.head_url)
         _check_health_settings(cfg)
@@ -84,6 +88,8 @@ def run_agent(cfg: AgentConfig, stop: threading.Event | None = None) -> None:
         asyncio.run(_run(cfg, stop, ca_pem))
     except (GpuError, JoinRefused) as e:
         raise AgentError(str(e)) from e
+    finally:
+        os.umask(umask)
 
 
 async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str | None) -> None:
@@ -102,9 +108,6 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
     def notify(*_: object) -> None:
         loop.call_soon_threadsafe(changed.set)
 
-    # Everything the agent writes is its own unless it says otherwise (jobs' files are
-    # created for their user): no job reads the agent's records or credentials.
-    os.umask(0o077)
     state_dir = cfg.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     # Jobs pass through to their own files (srun shims, batch script, step counter) by
