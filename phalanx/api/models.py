@@ -170,6 +170,9 @@ class JobDetail(Wire):
     )
     events: list[JobEvent]
     progress: list[JobProgress] = []  # the latest report of each reporting rank (live jobs)
+    # The spec's `env` is shown only to the owner, team admins and admins (it may hold
+    # secrets); a teammate gets `env` empty and this set.
+    env_hidden: bool = False
 
 
 class JobList(Wire):
@@ -389,15 +392,45 @@ class UserInfo(Wire):
     teams: list[str]
     team_admin_of: list[str]
     default_team: str | None
+    qos: list[str] | None = None  # QOS this user may use (None: the team's, else `normal`)
+
+
+class UserUpdate(Wire):
+    """`PATCH /v1/users/{name}`: the QOS the user may use (`low` is always allowed);
+    None clears the user's own allowance (the team's, else the default, applies)."""
+
+    qos: list[Name] | None = None
 
 
 class UserList(Wire):
     users: list[UserInfo]
 
 
+MAX_TOKEN_TTL_S = 10 * 366 * 86400  # ten years
+
+
 class TokenCreate(Wire):
     user: Name
     description: Annotated[str, StringConstraints(max_length=200)] = ""
+    # Seconds until it expires (None: the head's default, 90 days unless set). Never past
+    # the expiry of the token that mints it.
+    expires_s: Annotated[float, Field(gt=0, le=MAX_TOKEN_TTL_S)] | None = None
+
+
+class JoinTokenCreate(Wire):
+    """A join token: single use or reusable until it expires, optionally bound to node
+    names (globs: `gpu-*`) and address ranges (CIDRs), checked against the registering
+    name, its address and the TCP peer's address."""
+
+    description: Annotated[str, StringConstraints(max_length=200)] = ""
+    single_use: bool = False
+    expires_s: Annotated[float, Field(gt=0, le=MAX_TOKEN_TTL_S)] | None = None  # None: 24 h
+    nodes: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@+*?\[\]-]{1,128}$")]] = (
+        Field(default=[], max_length=100)
+    )
+    addresses: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] = Field(
+        default=[], max_length=100
+    )
 
 
 class TokenIssued(Wire):
@@ -405,6 +438,7 @@ class TokenIssued(Wire):
     token: str  # shown once; only its hash is stored
     user: str | None
     kind: Literal["api", "join"]
+    expires: float | None = None  # unix seconds; None: never
 
 
 class TokenInfo(Wire):
@@ -415,6 +449,11 @@ class TokenInfo(Wire):
     created: float
     last_used: float | None
     revoked: bool
+    expires: float | None = None  # unix seconds; None: never
+    node: str | None = None  # a node credential's node
+    single_use: bool = False
+    nodes: list[str] = []  # a join token's name bindings
+    addresses: list[str] = []  # a join token's address bindings
 
 
 class TokenList(Wire):
@@ -427,6 +466,7 @@ class TeamSpec(Wire):
     cohort: Name | None = None
     borrowing_limit: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
     weight: Annotated[float, Field(gt=0)] | None = None
+    qos: list[Name] | None = None  # QOS its members may use (None: `normal`; `low` always)
 
 
 class TeamInfo(Wire):
@@ -435,6 +475,7 @@ class TeamInfo(Wire):
     cohort: str | None
     borrowing_limit: int | None
     weight: float | None
+    qos: list[str] | None = None
     gpus_in_use: int
     members: list[str]
 

@@ -29,6 +29,11 @@ class Settings:
     hang_timeout_s: float = 600.0  # no progress report for this long → restart (0: off)
     tick_s: float = 0.5
     public_url: str = ""
+    # Identity and limits (docs/security-tokens.md).
+    api_token_ttl_s: float = 90 * 86400.0  # a user's API token, unless it asks (0: never)
+    join_token_ttl_s: float = 86400.0  # a join token, unless it asks; the first-start one
+    max_queued_per_user: int = 10_000  # live jobs (PD, R, CG, PR) a user may have (0: no cap)
+    max_spec_bytes: int = 256 * 1024  # a submitted JobSpec's JSON
 
 
 @dataclass(slots=True)
@@ -46,6 +51,8 @@ class Mirror:
     node_failures: dict[str, list[float]] = field(default_factory=dict)  # node → when
     next_job_id: int = 1
     version: int = 0
+    live_per_user: dict[str, int] = field(default_factory=dict)  # user → jobs in `jobs`
+    team_qos: dict[str, frozenset[str]] = field(default_factory=dict)  # teams that set one
 
     def bump(self, tx: Tx, node: str) -> None:
         """What `node` must run changed: a new desired-state version wakes its long poll."""

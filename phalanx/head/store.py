@@ -198,13 +198,24 @@ def all_teams(conn: Connection) -> list[TeamSpec]:
             cohort=r.cohort,
             borrowing_limit=r.borrowing_limit,
             weight=r.weight,
+            qos=split_list(r.qos),
         )
         for r in conn.execute(select(db.teams).order_by(db.teams.c.name))
     ]
 
 
+def split_list(value: str | None) -> list[str] | None:
+    """A comma-separated column's values (None stays None: not set)."""
+    return None if value is None else [v for v in value.split(",") if v]
+
+
+def join_list(values: Sequence[str] | None) -> str | None:
+    return None if values is None else ",".join(values)
+
+
 def put_team(conn: Connection, team: TeamSpec, now: float) -> None:
     values = team.model_dump()
+    values["qos"] = join_list(team.qos)
     exists = conn.execute(select(db.teams.c.name).where(db.teams.c.name == team.name)).first()
     if exists:
         del values["name"]
@@ -256,9 +267,17 @@ def users(conn: Connection) -> list[UserInfo]:
             teams=sorted(teams.get(r.name, [])),
             team_admin_of=sorted(admin_of.get(r.name, [])),
             default_team=r.default_team,
+            qos=split_list(r.qos),
         )
         for r in conn.execute(select(db.users).order_by(db.users.c.name))
     ]
+
+
+def set_user_qos(conn: Connection, name: str, qos: Sequence[str] | None) -> bool:
+    result = conn.execute(
+        update(db.users).where(db.users.c.name == name).values(qos=join_list(qos))
+    )
+    return bool(result.rowcount)
 
 
 # ----------------------------------------------------------------------------- tokens
@@ -270,6 +289,11 @@ def add_token(
     node: str | None,
     description: str,
     now: float,
+    expires: float | None = None,
+    parent_id: int | None = None,
+    single_use: bool = False,
+    bind_nodes: Sequence[str] = (),
+    bind_addresses: Sequence[str] = (),
 ) -> int:
     result = conn.execute(
         insert(db.tokens).values(
@@ -280,6 +304,11 @@ def add_token(
             description=description,
             created=now,
             revoked=False,
+            expires=expires,
+            parent_id=parent_id,
+            single_use=single_use,
+            bind_nodes=",".join(bind_nodes) or None,
+            bind_addresses=",".join(bind_addresses) or None,
         )
     )
     key = result.inserted_primary_key
@@ -310,12 +339,47 @@ def revoke_node_tokens(conn: Connection, node: str) -> None:
     )
 
 
+def token_row(conn: Connection, token_id: int) -> Any:
+    return conn.execute(select(db.tokens).where(db.tokens.c.id == token_id)).first()
+
+
 def revoke_token(conn: Connection, token_id: int) -> bool:
+    """Revoke a token and every token it minted, and theirs (a minted token dies with its
+    parent)."""
     result = conn.execute(update(db.tokens).where(db.tokens.c.id == token_id).values(revoked=True))
+    if not result.rowcount:
+        return False
+    todo = [token_id]
+    while todo:
+        children = [
+            r.id
+            for r in conn.execute(
+                select(db.tokens.c.id).where(
+                    db.tokens.c.parent_id.in_(todo), db.tokens.c.revoked.is_(False)
+                )
+            )
+        ]
+        if children:
+            conn.execute(update(db.tokens).where(db.tokens.c.id.in_(children)).values(revoked=True))
+        todo = children
+    return True
+
+
+def use_single_use_token(conn: Connection, token_id: int) -> bool:
+    """Spend a single-use token: True if it was still unrevoked (this caller spent it)."""
+    result = conn.execute(
+        update(db.tokens)
+        .where(db.tokens.c.id == token_id, db.tokens.c.revoked.is_(False))
+        .values(revoked=True)
+    )
     return bool(result.rowcount)
 
 
-def tokens(conn: Connection) -> list[TokenInfo]:
+def tokens(conn: Connection, user: str | None = None) -> list[TokenInfo]:
+    """Every token (`user`: only that user's API tokens)."""
+    query = select(db.tokens).order_by(db.tokens.c.id)
+    if user is not None:
+        query = query.where(db.tokens.c.user == user, db.tokens.c.kind == "api")
     return [
         TokenInfo(
             id=r.id,
@@ -325,8 +389,13 @@ def tokens(conn: Connection) -> list[TokenInfo]:
             created=r.created,
             last_used=r.last_used,
             revoked=bool(r.revoked),
+            expires=r.expires,
+            node=r.node,
+            single_use=bool(r.single_use),
+            nodes=split_list(r.bind_nodes) or [],
+            addresses=split_list(r.bind_addresses) or [],
         )
-        for r in conn.execute(select(db.tokens).order_by(db.tokens.c.id))
+        for r in conn.execute(query)
     ]
 
 
