@@ -31,6 +31,7 @@ from .slurm_cmds import write_shims
 from .steps import StepManager
 
 log = logging.getLogger(__name__)
+NODE_CREDENTIAL_FILE = "node.token"  # the node credential, kept across restarts (0600)
 
 
 class AgentError(RuntimeError):
@@ -135,6 +136,7 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
             heartbeat_s=cfg.heartbeat_s,
             secrets=keep_out,
             health=health,
+            credential_file=state_dir / NODE_CREDENTIAL_FILE,
         )
         # Fences the jobs should this process be frozen or killed (it cannot, then).
         guard = start_guard(state_dir)
