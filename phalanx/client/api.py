@@ -24,6 +24,7 @@ from phalanx.api.models import (
     JobList,
     JobSpec,
     JobTable,
+    JoinTokenCreate,
     LogChunk,
     NodeInfo,
     NodeList,
@@ -37,6 +38,7 @@ from phalanx.api.models import (
     UserCreate,
     UserInfo,
     UserList,
+    UserUpdate,
     WhoAmI,
 )
 
@@ -332,22 +334,39 @@ class PhalanxClient:
         """Create a user (admin)."""
         return self._call(UserInfo, "POST", "/v1/users", body=user)
 
-    def create_token(self, user: str, description: str = "") -> TokenIssued:
-        """Issue an API token for `user`; the secret is in the answer only."""
-        body = TokenCreate(user=user, description=description)
+    def set_user(self, name: str, update: UserUpdate) -> UserInfo:
+        """Change a user's QOS allowance (admin)."""
+        path = f"/v1/users/{quote(name, safe='')}"
+        return self._call(UserInfo, "PATCH", path, body=update)
+
+    def create_token(
+        self, user: str, description: str = "", expires_s: float | None = None
+    ) -> TokenIssued:
+        """Issue an API token for `user` (a user: for themself); the secret is in the answer
+        only. It expires in `expires_s` (None: the head's default), never after the token
+        that asks for it."""
+        body = TokenCreate(user=user, description=description, expires_s=expires_s)
         return self._call(TokenIssued, "POST", "/v1/tokens", body=body)
 
-    def tokens(self) -> TokenList:
-        """Every token (hashes are never shown) (admin)."""
-        return self._call(TokenList, "GET", "/v1/tokens")
+    def tokens(self, everyone: bool = True) -> TokenList:
+        """Tokens (hashes are never shown): an admin's answer has every token (`everyone`
+        False: their own), a user's their own."""
+        params = None if everyone else {"all": "false"}
+        return self._call(TokenList, "GET", "/v1/tokens", params=params)
 
     def revoke_token(self, token_id: int) -> None:
-        """Revoke a token by id: it stops working at once (admin)."""
+        """Revoke a token by id (and those minted from it): it stops working at once (an
+        admin any, a user their own)."""
         self._request("DELETE", f"/v1/tokens/{token_id}")
 
-    def create_join_token(self) -> TokenIssued:
-        """Issue a token agents use to join the cluster (admin)."""
-        return self._call(TokenIssued, "POST", "/v1/join-tokens")
+    def create_join_token(self, spec: JoinTokenCreate | None = None) -> TokenIssued:
+        """Issue a token agents use to join the cluster (admin): single use or not, its
+        life, the node names and addresses it may register."""
+        return self._call(TokenIssued, "POST", "/v1/join-tokens", body=spec or JoinTokenCreate())
+
+    def replace_node(self, name: str) -> NodeInfo:
+        """Revoke a node's credential and free its name for a new node (admin)."""
+        return self._call(NodeInfo, "POST", f"/v1/nodes/{quote(name, safe='')}/replace")
 
     def teams(self) -> TeamList:
         """Every team with its quota, cohort and GPUs in use."""
