@@ -326,3 +326,18 @@ def test_state_dir_database_and_token_files_are_private(tmp_path: Path) -> None:
                 assert _mode(state / name) == 0o600, name
     finally:
         stop_head(h.proc)
+
+
+# ----------------------------------------------------------------------------- passing tokens
+def test_agent_refuses_a_token_on_its_command_line(tmp_path: Path) -> None:
+    from tests.cli.conftest import invoke
+
+    base = ["agent", "--head", "http://127.0.0.1:9", "--address", "127.0.0.2"]
+    result = invoke(*base, "--token", "phxj_visible-in-ps")
+    assert result.exit_code == 2
+    assert "--token is refused" in result.stderr and "--token-file" in result.stderr
+    assert "PHALANX_JOIN_TOKEN" in result.stderr
+    result = invoke(*base, env={"PHALANX_JOIN_TOKEN": ""})
+    assert result.exit_code == 2 and "no join token" in result.stderr
+    result = invoke(*base, "--token-file", str(tmp_path / "missing"))
+    assert result.exit_code == 2 and "cannot read the join token file" in result.stderr
