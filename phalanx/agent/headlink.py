@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -65,6 +67,7 @@ class HeadLink:
         health: HealthMonitor | None = None,
         verify: ssl.SSLContext | bool = True,
         agent_tls: AgentTLS | None = None,
+        credential_file: Path | None = None,
     ) -> None:
         # `head_url` may list several heads (a leader and its standbys), comma-separated:
         # the agent talks to one and moves to the next when it cannot be reached or is a
@@ -87,6 +90,13 @@ class HeadLink:
         self.survivals = reconciler.survivals  # exceptions this loop caught and survived
         self._refused: list[Refused] = []  # jobs of the last answer too invalid to read
         self.node_token: str | None = None
+        # The node credential kept across agent restarts (0600 in the state dir): a
+        # restarted agent registers again as itself with it, where a join token would be
+        # refused while the node is still alive at the head.
+        self.credential_file = credential_file
+        self._own = _read_credential(credential_file)
+        if self._own is not None:
+            self.secrets.add(self._own)
         self.version = 0
         self._reachable = True
         self._last_ok = time.monotonic()  # when the last answered request was SENT
@@ -118,16 +128,25 @@ class HeadLink:
 
     async def _register(self, client: httpx.AsyncClient) -> None:
         sent = time.monotonic()
+        own = self._own
         try:
             r = await client.post(
                 f"{self.head_url}/v1/agent/register",
                 content=self.request.model_dump_json(),
-                headers=_headers(self.join_token),
+                headers=_headers(own or self.join_token),
             )
         except httpx.HTTPError as e:
             return await self._next_head(f"cannot reach the head at {self.head_url}: {e}")
         if r.status_code == 503:
             return await self._next_head(f"the head at {self.head_url}: {_detail(r)}")
+        if own is not None and r.status_code in (401, 403):
+            log.info("the head no longer accepts this node's saved credential; joining anew")
+            self._forget_own()
+            return None
+        if r.status_code == 409 and "alive" in _detail(r):
+            # Our own earlier self (a restart without its saved credential) may still hold
+            # the name until its lease runs out: keep trying.
+            return await self._failed(f"the head refused to register this agent: {_detail(r)}")
         if 400 <= r.status_code < 500:
             raise JoinRefused(f"the head refused to register this agent: {_detail(r)}")
         if r.status_code != 200:
@@ -147,6 +166,9 @@ class HeadLink:
         self._misses = 0
         self.node_token = reg.node_token
         self.secrets.add(reg.node_token)
+        self._own = reg.node_token
+        if self.credential_file is not None:
+            _write_credential(self.credential_file, reg.node_token)
         self.heartbeat_s, self.lease_s = reg.heartbeat_s, reg.lease_s
         self._ok(sent)
         log.info("registered with the head at %s as %s", self.head_url, self.request.name)
@@ -205,6 +227,7 @@ class HeadLink:
         if r.status_code in (401, 403):
             log.warning("the head no longer knows this node's token; registering again")
             self.node_token = None
+            self._forget_own()
             return
         if r.status_code != 200:
             return await self._failed(f"head answered {r.status_code}: {_detail(r)}")
@@ -331,6 +354,30 @@ class HeadLink:
             self.lease_s,
             killed,
         )
+
+    def _forget_own(self) -> None:
+        self._own = None
+        if self.credential_file is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.credential_file.unlink()
+
+
+def _read_credential(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def _write_credential(path: Path, token: str) -> None:
+    """Write the node credential readable by the agent's user only (0600 from the start)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(tmp, path)
 
 
 def _headers(token: str) -> dict[str, str]:

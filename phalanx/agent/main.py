@@ -36,6 +36,7 @@ from .survive import Survivals
 from .tlsserve import AgentTLS
 
 log = logging.getLogger(__name__)
+NODE_CREDENTIAL_FILE = "node.token"  # the node credential, kept across restarts (0600)
 
 
 class AgentError(RuntimeError):
@@ -197,6 +198,7 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
             health=health,
             verify=client_context(ca_pem),
             agent_tls=agent_tls,
+            credential_file=state_dir / NODE_CREDENTIAL_FILE,
         )
         # Fences the jobs should this process be frozen or killed (it cannot, then).
         guard = start_guard(state_dir)

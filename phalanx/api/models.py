@@ -223,6 +223,9 @@ class JobDetail(Wire):
     )
     events: list[JobEvent]
     progress: list[JobProgress] = []  # the latest report of each reporting rank (live jobs)
+    # The spec's `env` is shown only to the owner, team admins and admins (it may hold
+    # secrets); a teammate gets `env` empty and this set.
+    env_hidden: bool = False
 
 
 class JobList(Wire):
@@ -465,14 +468,6 @@ class UserCreate(Wire):
     gid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
 
 
-class UserUpdate(Wire):
-    """`phalanx admin user set`: map a user to a Unix uid/gid (`clear`: back to by name)."""
-
-    uid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
-    gid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
-    clear: bool = False
-
-
 class UserInfo(Wire):
     name: str
     admin: bool
@@ -481,15 +476,50 @@ class UserInfo(Wire):
     default_team: str | None
     uid: int | None = None
     gid: int | None = None
+    qos: list[str] | None = None  # QOS this user may use (None: the team's, else `normal`)
+
+
+class UserUpdate(Wire):
+    """`PATCH /v1/users/{name}` (`phalanx admin user set`): only the fields sent change.
+    `uid`/`gid` map the user to a Unix account (`clear`: back to the account named like
+    the user); `qos` is the QOS the user may use (`low` is always allowed; null clears the
+    user's own allowance, so the team's, else the default, applies)."""
+
+    uid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
+    gid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
+    clear: bool = False
+    qos: list[Name] | None = Field(default=None, max_length=64)
 
 
 class UserList(Wire):
     users: list[UserInfo]
 
 
+MAX_TOKEN_TTL_S = 10 * 366 * 86400  # ten years
+
+
 class TokenCreate(Wire):
     user: Name
     description: Annotated[str, StringConstraints(max_length=200), NoNul] = ""
+    # Seconds until it expires (None: the head's default, 90 days unless set). Never past
+    # the expiry of the token that mints it.
+    expires_s: Annotated[float, Field(gt=0, le=MAX_TOKEN_TTL_S)] | None = None
+
+
+class JoinTokenCreate(Wire):
+    """A join token: single use or reusable until it expires, optionally bound to node
+    names (globs: `gpu-*`) and address ranges (CIDRs), checked against the registering
+    name, its address and the TCP peer's address."""
+
+    description: Annotated[str, StringConstraints(max_length=200), NoNul] = ""
+    single_use: bool = False
+    expires_s: Annotated[float, Field(gt=0, le=MAX_TOKEN_TTL_S)] | None = None  # None: 24 h
+    nodes: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.@+*?\[\]-]{1,128}$")]] = (
+        Field(default=[], max_length=100)
+    )
+    addresses: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] = Field(
+        default=[], max_length=100
+    )
 
 
 class TokenIssued(Wire):
@@ -497,6 +527,7 @@ class TokenIssued(Wire):
     token: str  # shown once; only its hash is stored
     user: str | None
     kind: Literal["api", "join"]
+    expires: float | None = None  # unix seconds; None: never
 
 
 class TokenInfo(Wire):
@@ -507,6 +538,11 @@ class TokenInfo(Wire):
     created: float
     last_used: float | None
     revoked: bool
+    expires: float | None = None  # unix seconds; None: never
+    node: str | None = None  # a node credential's node
+    single_use: bool = False
+    nodes: list[str] = []  # a join token's name bindings
+    addresses: list[str] = []  # a join token's address bindings
 
 
 class TokenList(Wire):
@@ -519,6 +555,8 @@ class TeamSpec(Wire):
     cohort: Name | None = None
     borrowing_limit: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
     weight: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = None
+    # QOS its members may use (None: `normal`; `low` always)
+    qos: list[Name] | None = Field(default=None, max_length=64)
 
 
 class TeamInfo(Wire):
@@ -527,6 +565,7 @@ class TeamInfo(Wire):
     cohort: str | None
     borrowing_limit: int | None
     weight: float | None
+    qos: list[str] | None = None
     gpus_in_use: int
     members: list[str]
 

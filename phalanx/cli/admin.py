@@ -7,20 +7,38 @@ from typing import Annotated, Literal
 import typer
 
 from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
-from phalanx.cli.output import console, fail, print_json, timestamp
+from phalanx.cli.output import console, fail, print_json
+from phalanx.cli.tokens import join_app, token_app
 
 admin = typer.Typer(
     help="Manage users, tokens, join tokens and teams; inject GPU faults (admin).",
     no_args_is_help=True,
 )
 user_app = typer.Typer(help="Users.", no_args_is_help=True)
-token_app = typer.Typer(help="API tokens.", no_args_is_help=True)
-join_app = typer.Typer(help="Tokens agents join the cluster with.", no_args_is_help=True)
-team_app = typer.Typer(help="Teams: GPU quota, cohort, borrowing, fair-share weight.")
+team_app = typer.Typer(help="Teams: GPU quota, cohort, borrowing, fair-share weight, QOS.")
+node_app = typer.Typer(help="Nodes: replace one (free its name for a new node).")
 admin.add_typer(user_app, name="user")
 admin.add_typer(token_app, name="token")
 admin.add_typer(join_app, name="join-token")
 admin.add_typer(team_app, name="team", no_args_is_help=True)
+admin.add_typer(node_app, name="node", no_args_is_help=True)
+
+QosOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--qos",
+        help="QOS allowed, comma-separated (low, normal, high; `low` is always allowed); "
+        "`default` clears it.",
+        show_default=False,
+    ),
+]
+
+
+def _qos(text: str | None) -> list[str] | None:
+    if text is None or text.strip() == "default":
+        return None
+    return [q.strip() for q in text.split(",") if q.strip()]
+
 
 UidOpt = Annotated[
     int | None,
@@ -99,38 +117,6 @@ def user_add(
         typer.echo(f"next: phalanx admin token create {info.name}")
 
 
-@user_app.command("list")
-def user_list(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt = None) -> None:
-    """List users."""
-    from rich.table import Table
-
-    with connect(head, token) as client:
-        users = client.users()
-    if json_out:
-        print_json(users)
-        return
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("NAME", "ADMIN", "TEAMS", "TEAM-ADMIN", "DEFAULT-TEAM", "UNIX"):
-        table.add_column(column)
-    for u in users.users:
-        table.add_row(
-            u.name,
-            "yes" if u.admin else "",
-            ",".join(u.teams),
-            ",".join(u.team_admin_of),
-            u.default_team or "",
-            _unix(u.uid, u.gid),
-        )
-    console().print(table)
-
-
-def _unix(uid: int | None, gid: int | None) -> str:
-    """How a user maps to a Unix account: `uid:gid`, `uid`, or `by name`."""
-    if uid is None:
-        return "by name"
-    return f"{uid}:{gid}" if gid is not None else str(uid)
-
-
 @user_app.command("set")
 def user_set(
     name: Annotated[str, typer.Argument(help="User name.", show_default=False)],
@@ -142,98 +128,89 @@ def user_set(
             "--by-name", help="Forget the uid/gid: map to the account named like the user."
         ),
     ] = False,
+    qos: QosOpt = None,
     json_out: JsonOpt = False,
     head: HeadOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Map a user to a Unix account on the nodes (jobs started from now on run as it)."""
+    """Change a user: the Unix account its jobs run as on the nodes (--uid/--gid, or
+    --by-name), and the QOS it may use (--qos; it wins over the team's). Only what is
+    given changes."""
+    from pydantic import ValidationError
+
     from phalanx.api.models import UserUpdate
 
-    if by_name == (uid is not None):
-        fail("give --uid N [--gid N], or --by-name")
-    if by_name and gid is not None:
-        fail("--gid goes with --uid, not --by-name")
+    if uid is None and gid is None and not by_name and qos is None:
+        fail("nothing to change: give --uid N [--gid N], --by-name, or --qos")
+    if by_name and (uid is not None or gid is not None):
+        fail("--by-name forgets the uid/gid: give it alone, or --uid N [--gid N]")
+    if gid is not None and uid is None:
+        fail("--gid goes with --uid")
+    fields: dict[str, object] = {}
+    if uid is not None or by_name:
+        fields.update(uid=uid, gid=gid, clear=by_name)
+    if qos is not None:
+        fields["qos"] = _qos(qos)
+    try:
+        update = UserUpdate.model_validate(fields)
+    except ValidationError as exc:
+        fail(_first_error(exc))
     with connect(head, token) as client:
-        info = client.set_user(name, UserUpdate(uid=uid, gid=gid, clear=by_name))
+        info = client.set_user(name, update)
     if json_out:
         print_json(info)
-    else:
-        typer.echo(f"user {info.name}: jobs run as Unix account {_unix(info.uid, info.gid)}")
+        return
+    allowed = ", ".join(info.qos) if info.qos is not None else "the team's (default normal)"
+    typer.echo(
+        f"user {info.name}: jobs run as Unix account {_unix(info.uid, info.gid)}; "
+        f"qos {allowed} (low always)"
+    )
 
 
-@token_app.command("create")
-def token_create(
-    user: Annotated[str, typer.Argument(help="The token's user.", show_default=False)],
-    description: Annotated[str, typer.Option(help="What the token is for.")] = "",
-    json_out: JsonOpt = False,
+@node_app.command("replace")
+def node_replace(
+    name: Annotated[str, typer.Argument(help="Node name.", show_default=False)],
     head: HeadOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Issue an API token for a user (shown once: store it now)."""
+    """Revoke a node's credential so a new node may join under its name (its jobs are
+    requeued as for a node that died)."""
     with connect(head, token) as client:
-        issued = client.create_token(user, description)
-    if json_out:
-        print_json(issued)
-    else:
-        typer.echo(issued.token)
-        typer.echo(f"token {issued.id} for {issued.user}: shown once, store it now", err=True)
+        client.replace_node(name)
+    typer.echo(f"node {name}: credential revoked; a join token may now register a node {name}")
 
 
-@token_app.command("list")
-def token_list(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt = None) -> None:
-    """List tokens (their secrets are never shown again)."""
-    from rich.markup import escape
+@user_app.command("list")
+def user_list(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt = None) -> None:
+    """List users."""
     from rich.table import Table
 
     with connect(head, token) as client:
-        tokens = client.tokens()
+        users = client.users()
     if json_out:
-        print_json(tokens)
+        print_json(users)
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("ID", "USER", "KIND", "CREATED", "LAST-USED", "REVOKED", "DESCRIPTION"):
+    for column in ("NAME", "ADMIN", "TEAMS", "TEAM-ADMIN", "DEFAULT-TEAM", "UNIX", "QOS"):
         table.add_column(column)
-    for t in tokens.tokens:
+    for u in users.users:
         table.add_row(
-            str(t.id),
-            t.user or "",
-            t.kind,
-            timestamp(t.created),
-            timestamp(t.last_used),
-            "yes" if t.revoked else "",
-            escape(t.description),
+            u.name,
+            "yes" if u.admin else "",
+            ",".join(u.teams),
+            ",".join(u.team_admin_of),
+            u.default_team or "",
+            _unix(u.uid, u.gid),
+            ",".join(u.qos) if u.qos is not None else "",
         )
     console().print(table)
 
 
-@token_app.command("revoke")
-def token_revoke(
-    token_id: Annotated[int, typer.Argument(help="Token id (see token list).", show_default=False)],
-    head: HeadOpt = None,
-    token: TokenOpt = None,
-) -> None:
-    """Revoke a token: it stops working at once."""
-    with connect(head, token) as client:
-        client.revoke_token(token_id)
-    typer.echo(f"token {token_id} revoked")
-
-
-@join_app.command("create")
-def join_token_create(
-    json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt = None
-) -> None:
-    """Issue a join token for `phalanx agent --token` (shown once)."""
-    with connect(head, token) as client:
-        issued = client.create_join_token()
-    if json_out:
-        print_json(issued)
-    else:
-        typer.echo(issued.token)
-        typer.echo(
-            f"join token {issued.id}: start agents with "
-            "PHALANX_JOIN_TOKEN=<token> phalanx agent --head URL --address ADDR",
-            err=True,
-        )
+def _unix(uid: int | None, gid: int | None) -> str:
+    """How a user maps to a Unix account: `uid:gid`, `uid`, or `by name`."""
+    if uid is None:
+        return "by name"
+    return f"{uid}:{gid}" if gid is not None else str(uid)
 
 
 @team_app.command("set")
@@ -249,6 +226,7 @@ def team_set(
         int | None, typer.Option(min=0, help="At most this many GPUs borrowed beyond quota.")
     ] = None,
     weight: Annotated[float | None, typer.Option(help="Fair-share weight (> 0).")] = None,
+    qos: QosOpt = None,
     json_out: JsonOpt = False,
     head: HeadOpt = None,
     token: TokenOpt = None,
@@ -265,6 +243,7 @@ def team_set(
             cohort=cohort,
             borrowing_limit=borrowing_limit,
             weight=weight,
+            qos=_qos(qos),
         )
     except ValidationError as exc:
         fail(_first_error(exc))

@@ -11,6 +11,7 @@ from phalanx.cli.lazy import LazyGroup
 from phalanx.cli.nodes import drain, nodes, resume
 from phalanx.cli.services import agent, head, up
 from phalanx.cli.submit import SubmitCommand, submit
+from phalanx.cli.tokens import token_app
 
 app = typer.Typer(
     name="phalanx",
@@ -31,6 +32,7 @@ app.command("drain")(drain)
 app.command("resume")(resume)
 app.command("whoami")(whoami)
 app.add_typer(admin, name="admin")
+app.add_typer(token_app, name="token")
 app.command("up")(up)
 app.command("head")(head)
 app.command("agent")(agent)

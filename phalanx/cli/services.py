@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import time
@@ -118,6 +119,30 @@ def head(
         bool,
         typer.Option(help="Allow --plain-http on a non-loopback --host (a trusted network)."),
     ] = False,
+    token_ttl: Annotated[
+        str,
+        typer.Option(
+            help="Default life of a user's API token (24h, 90d, …; never: no expiry); "
+            "`phalanx token create --expires` picks another, never past the minting token's."
+        ),
+    ] = "90d",
+    join_token_ttl: Annotated[
+        str,
+        typer.Option(
+            help="Default life of a join token, the one written to join.token included "
+            "(a fresh one replaces it at start once it has expired)."
+        ),
+    ] = "24h",
+    max_queued_per_user: Annotated[
+        int,
+        typer.Option(min=0, help="Queued and running jobs a user may have at once (0: no limit)."),
+    ] = 10_000,
+    max_spec_bytes: Annotated[
+        int,
+        typer.Option(
+            min=0, max=2 * 1024 * 1024, help="Largest job spec, bytes of JSON (0: the body limit)."
+        ),
+    ] = 256 * 1024,
 ) -> None:
     """Run the head: REST API, scheduler and state (blocks; Ctrl-C stops it).
 
@@ -125,11 +150,17 @@ def head(
     a server certificate in STATE_DIR/tls (clients pin STATE_DIR/tls/ca.crt), or serves
     the operator's certificate (--tls-cert, --tls-key).
     """
+    from phalanx.cli.ttl import parse_ttl
     from phalanx.head.mirror import Settings
     from phalanx.head.server import serve
 
     if lease < 3 * heartbeat:
         fail(f"--lease {lease:g} must be at least 3 heartbeats (--heartbeat {heartbeat:g})")
+    try:
+        api_ttl = parse_ttl("--token-ttl", token_ttl, allow_never=True)
+        join_ttl = parse_ttl("--join-token-ttl", join_token_ttl, allow_never=True)
+    except ValueError as exc:
+        fail(str(exc))
     settings = Settings(
         heartbeat_s=heartbeat,
         lease_s=lease,
@@ -138,9 +169,13 @@ def head(
         preempt_grace_s=preempt_grace,
         hang_timeout_s=hang_timeout,
         users_map_to_self=users_map_to_self,
+        api_token_ttl_s=api_ttl,
+        join_token_ttl_s=join_ttl,
+        max_queued_per_user=max_queued_per_user,
+        max_spec_bytes=max_spec_bytes,
     )
     try:
-        state_dir.mkdir(parents=True, exist_ok=True)
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError as exc:
         fail(f"cannot create the state dir {state_dir}: {exc.strerror}")
     tls = _head_tls(
@@ -202,14 +237,18 @@ def agent(
         str,
         typer.Option(help="This node's address, as other nodes reach it.", show_default=False),
     ],
-    token: Annotated[
-        str | None,
+    token_file: Annotated[
+        Path | None,
         typer.Option(
-            help="Join token (default: $PHALANX_JOIN_TOKEN).",
-            envvar="PHALANX_JOIN_TOKEN",
-            show_envvar=False,
+            help="File holding the join token (else $PHALANX_JOIN_TOKEN). Never pass a "
+            "token as an argument: every user on the machine can read it in `ps`.",
+            dir_okay=False,
             show_default=False,
         ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(hidden=True, help="Refused: use --token-file or $PHALANX_JOIN_TOKEN."),
     ] = None,
     name: Annotated[
         str | None, typer.Option(help="Node name (default: the hostname).", show_default=False)
@@ -281,16 +320,12 @@ def agent(
     """Run an agent on this server: join the head, run the jobs it assigns (blocks)."""
     from phalanx.agent.main import AgentConfig, AgentError, run_agent
 
-    if not token:
-        fail(
-            "no join token: pass --token or set PHALANX_JOIN_TOKEN (see `phalanx up` output "
-            "or `phalanx admin join-token create`)"
-        )
+    join_token = _join_token(token, token_file)
     node_name = name or socket.gethostname()
     directory = state_dir or Path(typer.get_app_dir("phalanx")) / f"agent-{node_name}"
     config = AgentConfig(
         head_url=head_url,
-        token=token,
+        token=join_token,
         address=address,
         name=node_name,
         port=port,
@@ -312,6 +347,35 @@ def agent(
         fail(str(exc))
     except KeyboardInterrupt:
         pass
+
+
+JOIN_TOKEN_ENV = "PHALANX_JOIN_TOKEN"
+
+
+def _join_token(argument: str | None, path: Path | None) -> str:
+    """The join token from --token-file, else $PHALANX_JOIN_TOKEN; never from an argument
+    (other users see a process's arguments in `ps` and /proc)."""
+    if argument is not None:
+        fail(
+            "--token is refused: a token on the command line is visible to every user in "
+            "`ps`. Pass it in a file (--token-file PATH, mode 0600) or in the environment "
+            f"({JOIN_TOKEN_ENV}=…)"
+        )
+    if path is not None:
+        try:
+            value = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            fail(f"cannot read the join token file {path}: {exc.strerror}")
+        if not value:
+            fail(f"the join token file {path} is empty")
+        return value
+    value = os.environ.get(JOIN_TOKEN_ENV, "").strip()
+    if not value:
+        fail(
+            f"no join token: pass --token-file PATH or set {JOIN_TOKEN_ENV} (the head writes "
+            "one to STATE_DIR/join.token; `phalanx admin join-token create` makes more)"
+        )
+    return value
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:

@@ -25,6 +25,7 @@ from phalanx.api.models import (
     JobList,
     JobSpec,
     JobTable,
+    JoinTokenCreate,
     LogChunk,
     NodeInfo,
     NodeList,
@@ -175,9 +176,11 @@ class PhalanxClient:
         params: Params | None = None,
         headers: Mapping[str, str] | None = None,
         resendable: bool = False,
+        sparse: bool = False,
     ) -> httpx.Response:
         """One request, to each head in turn from the one that answered last (see class)."""
-        payload: Any = None if body is None else body.model_dump(mode="json")
+        # `sparse`: only the fields the caller set (a PATCH changes what it names).
+        payload: Any = None if body is None else body.model_dump(mode="json", exclude_unset=sparse)
         resendable = resendable or method in _RESENDABLE
         problems: list[str] = []
         refused: httpx.Response | None = None
@@ -223,9 +226,16 @@ class PhalanxClient:
         params: Params | None = None,
         headers: Mapping[str, str] | None = None,
         resendable: bool = False,
+        sparse: bool = False,
     ) -> M:
         response = self._request(
-            method, path, body=body, params=params, headers=headers, resendable=resendable
+            method,
+            path,
+            body=body,
+            params=params,
+            headers=headers,
+            resendable=resendable,
+            sparse=sparse,
         )
         try:
             return model.model_validate_json(response.content)
@@ -358,25 +368,38 @@ class PhalanxClient:
         return self._call(UserInfo, "POST", "/v1/users", body=user)
 
     def set_user(self, name: str, update: UserUpdate) -> UserInfo:
-        """Map a user to a Unix uid/gid, or back to the account with its name (admin)."""
-        return self._call(UserInfo, "PATCH", f"/v1/users/{quote(name, safe='')}", body=update)
+        """Change what `update` names of a user: its Unix uid/gid, its QOS allowance (admin)."""
+        path = f"/v1/users/{quote(name, safe='')}"
+        return self._call(UserInfo, "PATCH", path, body=update, sparse=True)
 
-    def create_token(self, user: str, description: str = "") -> TokenIssued:
-        """Issue an API token for `user`; the secret is in the answer only."""
-        body = TokenCreate(user=user, description=description)
+    def create_token(
+        self, user: str, description: str = "", expires_s: float | None = None
+    ) -> TokenIssued:
+        """Issue an API token for `user` (a user: for themself); the secret is in the answer
+        only. It expires in `expires_s` (None: the head's default), never after the token
+        that asks for it."""
+        body = TokenCreate(user=user, description=description, expires_s=expires_s)
         return self._call(TokenIssued, "POST", "/v1/tokens", body=body)
 
-    def tokens(self) -> TokenList:
-        """Every token (hashes are never shown) (admin)."""
-        return self._call(TokenList, "GET", "/v1/tokens")
+    def tokens(self, everyone: bool = True) -> TokenList:
+        """Tokens (hashes are never shown): an admin's answer has every token (`everyone`
+        False: their own), a user's their own."""
+        params = None if everyone else {"all": "false"}
+        return self._call(TokenList, "GET", "/v1/tokens", params=params)
 
     def revoke_token(self, token_id: int) -> None:
-        """Revoke a token by id: it stops working at once (admin)."""
+        """Revoke a token by id (and those minted from it): it stops working at once (an
+        admin any, a user their own)."""
         self._request("DELETE", f"/v1/tokens/{token_id}")
 
-    def create_join_token(self) -> TokenIssued:
-        """Issue a token agents use to join the cluster (admin)."""
-        return self._call(TokenIssued, "POST", "/v1/join-tokens")
+    def create_join_token(self, spec: JoinTokenCreate | None = None) -> TokenIssued:
+        """Issue a token agents use to join the cluster (admin): single use or not, its
+        life, the node names and addresses it may register."""
+        return self._call(TokenIssued, "POST", "/v1/join-tokens", body=spec or JoinTokenCreate())
+
+    def replace_node(self, name: str) -> NodeInfo:
+        """Revoke a node's credential and free its name for a new node (admin)."""
+        return self._call(NodeInfo, "POST", f"/v1/nodes/{quote(name, safe='')}/replace")
 
     def teams(self) -> TeamList:
         """Every team with its quota, cohort and GPUs in use."""

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from phalanx import __version__
 from phalanx.api import models as m
-from phalanx.head import jobs, store
+from phalanx.head import jobs
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
@@ -40,7 +40,7 @@ COMMON: dict[int | str, dict[str, Any]] = {
     400: _err("the body is not valid JSON"),
     401: _err("missing, unknown or revoked token"),
     403: _err("the token may not do this"),
-    413: _err("request body too large"),
+    413: _err("request body (or job spec) too large"),
     422: _err("invalid request"),
     503: _err("the head is restarting, or is a standby (docs/high-availability.md)"),
 }
@@ -223,6 +223,13 @@ async def submit_answer(
     if _declared_too_large(length):
         raise HeadError(413, TOO_LARGE)
     raw = await _read_body(receive)
+    limit = head.mirror.settings.max_spec_bytes
+    if limit and len(raw) > limit:
+        raise HeadError(
+            413,
+            f"job spec of {len(raw)} bytes is larger than the head's limit of {limit} bytes "
+            "(`phalanx head --max-spec-bytes`): put large data in files under the workdir",
+        )
     try:
         spec = m.JobSpec.model_validate_json(raw)
     except ValidationError as e:
@@ -333,7 +340,11 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         "/v1/jobs",
         status_code=201,
         response_model=m.SubmitResponse,
-        responses={**NOT_FOUND, **REPEATED},
+        responses={
+            **NOT_FOUND,
+            **REPEATED,
+            429: _err("the user has as many queued and running jobs as the head allows"),
+        },
         openapi_extra={
             "parameters": [IDEMPOTENCY_PARAMETER],
             "requestBody": {
@@ -398,7 +409,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         stream: Literal["stdout", "stderr"] = "stdout",
         offset: Annotated[int, Query(ge=0, le=m.MAX_INT64)] = 0,
     ) -> m.LogChunk:
-        rec = head.job_record(who, job_id)
+        rec = head.private_job_record(who, job_id)
         node = head.log_source(rec, rank)
         client: httpx.AsyncClient = request.app.state.http
         try:
@@ -434,6 +445,12 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     @app.post("/v1/nodes/{name}/resume", response_model=m.NodeInfo, responses=NOT_FOUND)
     def resume(name: str, who: Admin) -> m.NodeInfo:
         return head.set_drain(name, None)
+
+    @app.post("/v1/nodes/{name}/replace", response_model=m.NodeInfo, responses=NOT_FOUND)
+    def replace_node(name: str, who: Admin) -> m.NodeInfo:
+        """Revoke a node's credential and free its name for a new node (its jobs are
+        requeued as for a node that died)."""
+        return head.replace_node(name)
 
     @app.post(
         "/v1/nodes/{name}/faults",
@@ -484,21 +501,27 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     def create_token(body: m.TokenCreate, who: User) -> m.TokenIssued:
         if not who.admin and body.user != who.user:
             raise Forbidden("only admins create tokens for other users")
-        return head.issue_token("api", body.user, body.description)
+        return head.issue_token(who, body.user, body.description, body.expires_s)
 
     @app.get("/v1/tokens", response_model=m.TokenList)
-    def list_tokens(who: Admin) -> m.TokenList:
-        with head.control.engine.connect() as conn:
-            return m.TokenList(tokens=store.tokens(conn))
+    def list_tokens(
+        who: User,
+        everyone: Annotated[
+            bool, Query(alias="all", description="every token (admins; the default for them)")
+        ] = True,
+    ) -> m.TokenList:
+        """An admin's answer: every token (`all=false`: their own); a user's: their own."""
+        return head.tokens(who, everyone=who.admin and everyone)
 
     @app.delete("/v1/tokens/{token_id}", status_code=204, responses=NOT_FOUND)
-    def revoke(token_id: RowId, who: Admin) -> Response:
-        head.revoke(token_id)
+    def revoke(token_id: RowId, who: User) -> Response:
+        """Revoke a token and those minted from it: admins any, users their own."""
+        head.revoke(who, token_id)
         return Response(status_code=204)
 
     @app.post("/v1/join-tokens", status_code=201, response_model=m.TokenIssued)
-    def join_token(who: Admin) -> m.TokenIssued:
-        return head.issue_token("join", None, "agent join token")
+    def join_token(who: Admin, body: m.JoinTokenCreate | None = None) -> m.TokenIssued:
+        return head.issue_join_token(who, body or m.JoinTokenCreate())
 
     @app.get("/v1/teams", response_model=m.TeamList)
     def teams(who: User) -> m.TeamList:
@@ -511,9 +534,10 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         return head.put_team(body)
 
     # ----------------------------------------------------------------- agents
-    @app.post("/v1/agent/register", response_model=m.RegisterResponse)
-    def register(body: m.RegisterRequest, who: Who) -> m.RegisterResponse:
-        return head.register(who, body)
+    @app.post("/v1/agent/register", response_model=m.RegisterResponse, responses=CONFLICT)
+    def register(request: Request, body: m.RegisterRequest, who: Who) -> m.RegisterResponse:
+        peer = request.client.host if request.client else None
+        return head.register(who, body, peer)
 
     @app.post("/v1/agent/heartbeat", response_model=m.DesiredState, responses=NOT_FOUND)
     async def heartbeat(body: m.Heartbeat, who: Who) -> m.DesiredState:

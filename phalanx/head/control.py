@@ -83,9 +83,12 @@ class ControlThread:
                 m.nodes[known.name] = known
             for team in store.all_teams(conn):
                 m.teams[team.name] = _core_team(team)
+                if team.qos is not None:
+                    m.team_qos[team.name] = frozenset(team.qos)
             m.unix_accounts = store.unix_accounts(conn)
             for rec in store.live_jobs(conn):
                 m.jobs[rec.id] = rec
+                m.live_per_user[rec.user] = m.live_per_user.get(rec.user, 0) + 1
                 for node, _ in rec.placement:
                     m.node_jobs.setdefault(node, set()).add(rec.id)
                 if rec.stopping is not None:

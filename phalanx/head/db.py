@@ -36,6 +36,7 @@ users = Table(
     Column("created", Float, nullable=False),
     Column("unix_uid", Integer, nullable=True),  # None: the Unix account named like the user
     Column("unix_gid", Integer, nullable=True),  # None: that account's primary group
+    Column("qos", String(500), nullable=True),  # allowed QOS, comma-separated (None: default)
 )
 
 teams = Table(
@@ -47,6 +48,7 @@ teams = Table(
     Column("borrowing_limit", Integer, nullable=True),
     Column("weight", Float, nullable=True),
     Column("created", Float, nullable=False),
+    Column("qos", String(500), nullable=True),  # QOS its members may use (None: default)
 )
 
 memberships = Table(
@@ -69,6 +71,11 @@ tokens = Table(
     Column("created", Float, nullable=False),
     Column("last_used", Float, nullable=True),
     Column("revoked", Boolean, nullable=False, default=False),
+    Column("expires", Float, nullable=True),  # unix seconds; None: never
+    Column("parent_id", Integer, nullable=True),  # the token that minted it (dies with it)
+    Column("single_use", Boolean, nullable=True),  # join tokens: revoked on first use
+    Column("bind_nodes", String(1000), nullable=True),  # join: node-name globs, comma-sep.
+    Column("bind_addresses", String(1000), nullable=True),  # join: CIDRs, comma-separated
 )
 
 nodes = Table(

@@ -9,7 +9,7 @@ import time
 from phalanx.api.models import JobSpec, SubmitResponse
 from phalanx.core import JobState
 from phalanx.head import lifecycle, store
-from phalanx.head.auth import Principal
+from phalanx.head.auth import Principal, allowed_qos
 from phalanx.head.control import HeadError
 from phalanx.head.mirror import Mirror, Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord
@@ -34,6 +34,14 @@ def submit(
         raise HeadError(403, f"you are not a member of team {team!r}")
     if spec.qos not in QOS_PRIORITY:
         raise HeadError(422, f"unknown qos {spec.qos!r}; known: {', '.join(QOS_PRIORITY)}")
+    if not who.may_use_qos(spec.qos, mirror.team_qos.get(team)):
+        allowed = ", ".join(sorted(allowed_qos(who.qos, mirror.team_qos.get(team))))
+        raise HeadError(
+            403,
+            f"qos {spec.qos!r} is above your allowance in team {team!r} (allowed: {allowed}); "
+            "an admin grants more with `phalanx admin user set USER --qos …` or "
+            "`phalanx admin team set TEAM --qos …`",
+        )
     if not os.path.isabs(spec.workdir):
         raise HeadError(422, f"workdir must be an absolute path, got {spec.workdir!r}")
     if (spec.command is None) == (spec.script is None):
@@ -51,8 +59,16 @@ def submit(
             422, f"dependency on job(s) {', '.join(map(str, sorted(missing)))} that do not exist"
         )
 
-    now = time.time()
     indices: list[int | None] = list(spec.array.indices) if spec.array else [None]
+    cap_live = mirror.settings.max_queued_per_user
+    live = mirror.live_per_user.get(who.user, 0)
+    if cap_live and live + len(indices) > cap_live:
+        raise HeadError(
+            429,
+            f"you have {live} queued or running jobs; this submit of {len(indices)} would pass "
+            f"the limit of {cap_live} per user: wait for some to end",
+        )
+    now = time.time()
     first = mirror.next_job_id
     mirror.next_job_id += len(indices)
     cap = spec.array.max_parallel if spec.array and spec.array.max_parallel else len(indices)
@@ -79,6 +95,7 @@ def submit(
             rec.reason_message = f"array {first} runs at most {cap} tasks at once"
         records.append(rec)
     tx.insert_jobs(records)
+    mirror.live_per_user[who.user] = live + len(records)
     for rec in records:
         mirror.jobs[rec.id] = rec
         tx.event(now, "submitted", f"submitted by {who.user} to team {team}", rec.id)

@@ -179,6 +179,7 @@ def finalize(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
     _reset_allocation(rec, keep_placement=True)
     tx.update_job(rec)
     del mirror.jobs[rec.id]
+    mirror.live_per_user[rec.user] = mirror.live_per_user.get(rec.user, 1) - 1
     _release_array_task(mirror, tx, rec, now)
     tx.kick = True
 

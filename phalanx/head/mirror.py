@@ -32,6 +32,11 @@ class Settings:
     # A personal cluster (`phalanx up`): users without an explicit uid run as the head's
     # own Unix account rather than the account with their name (docs/security.md).
     users_map_to_self: bool = False
+    # Identity and limits (docs/security-tokens.md).
+    api_token_ttl_s: float = 90 * 86400.0  # a user's API token, unless it asks (0: never)
+    join_token_ttl_s: float = 86400.0  # a join token, unless it asks; the first-start one
+    max_queued_per_user: int = 10_000  # live jobs (PD, R, CG, PR) a user may have (0: no cap)
+    max_spec_bytes: int = 256 * 1024  # a submitted JobSpec's JSON
 
 
 @dataclass(slots=True)
@@ -50,6 +55,8 @@ class Mirror:
     unix_accounts: dict[str, tuple[int | None, int | None]] = field(default_factory=dict)
     next_job_id: int = 1
     version: int = 0
+    live_per_user: dict[str, int] = field(default_factory=dict)  # user → jobs in `jobs`
+    team_qos: dict[str, frozenset[str]] = field(default_factory=dict)  # teams that set one
 
     def bump(self, tx: Tx, node: str) -> None:
         """What `node` must run changed: a new desired-state version wakes its long poll."""

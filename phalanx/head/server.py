@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import uvicorn
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from phalanx.head import auth, db, leader, store
 from phalanx.head.app import create_app
@@ -38,8 +38,27 @@ def write_secret(path: Path, secret: str) -> None:
     os.chmod(path, 0o600)
 
 
-def bootstrap(engine: Engine, state_dir: Path) -> None:
-    """First start: team `default`, user `admin`, an admin token and a join token in files."""
+def secure_state(state_dir: Path) -> None:
+    """The state dir 0700; its SQLite database (with WAL and SHM) and token files 0600 —
+    also on installs made before the head set these modes."""
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(state_dir, 0o700)
+    for name in (ADMIN_TOKEN_FILE, JOIN_TOKEN_FILE, *DB_FILES):
+        path = state_dir / name
+        if path.exists():
+            os.chmod(path, 0o600)
+
+
+DB_FILES = ("phalanx.db", "phalanx.db-wal", "phalanx.db-shm", "phalanx.db-journal")
+
+
+def bootstrap(engine: Engine, state_dir: Path, join_ttl_s: float = auth.JOIN_TOKEN_TTL_S) -> None:
+    """First start: team `default`, user `admin`, an admin token and a join token in files.
+
+    The admin token never expires (it is the cluster's root credential, 0600 in the state
+    dir; revoke it to rotate). The join token expires after `join_ttl_s` (0: never); at
+    each start, once it has expired, been revoked or used, a fresh one replaces it, so
+    `phalanx up` on an old state dir still starts its agents."""
     now = time.time()
     with engine.begin() as conn:
         if not store.all_teams(conn):
@@ -54,17 +73,30 @@ def bootstrap(engine: Engine, state_dir: Path) -> None:
             store.add_token(conn, auth.token_hash(token), "api", "admin", None, "bootstrap", now)
             write_secret(admin_file, token)
         join_file = state_dir / JOIN_TOKEN_FILE
-        if not join_file.exists():
+        if not _join_token_valid(conn, join_file, now):
             token = auth.new_token("join")
-            store.add_token(conn, auth.token_hash(token), "join", None, None, "bootstrap", now)
+            expires = now + join_ttl_s if join_ttl_s > 0 else None
+            store.add_token(
+                conn, auth.token_hash(token), "join", None, None, "bootstrap", now, expires
+            )
             write_secret(join_file, token)
+
+
+def _join_token_valid(conn: Connection, path: Path, now: float) -> bool:
+    """Whether `path` holds a join token the head would still accept."""
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        return False
+    row = store.token_by_hash(conn, auth.token_hash(token))
+    return row is not None and (row.expires is None or row.expires > now)
 
 
 def build(state_dir: Path, db_url: str | None, settings: Settings) -> Head:
     """A head ready to serve: schema migrated, auth bootstrapped, state loaded (not started).
 
     Takes no single-writer lock: `serve` does (in-process tests own their database)."""
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    secure_state(state_dir)
     engine = db.make_engine(db_url or db.default_url(state_dir))
     head = Head(ControlThread(engine, settings))
     _take_over(head, state_dir)
@@ -75,7 +107,8 @@ def _take_over(head: Head, state_dir: Path) -> None:
     """Become the writer: migrate, bootstrap, rebuild the mirror from the database."""
     engine = head.control.engine
     upgrade(engine)
-    bootstrap(engine, state_dir)
+    bootstrap(engine, state_dir, head.mirror.settings.join_token_ttl_s)
+    secure_state(state_dir)  # the database files exist now
     head.control.load()
 
 
@@ -99,8 +132,8 @@ def serve(
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per log proxy call
     url = f"{'https' if tls else 'http'}://{_url_host(host)}:{port}"
     settings = replace(settings or Settings(), public_url=url)
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(state_dir, 0o700)  # tokens and the database: no job may read them
+    os.umask(0o077)  # whatever the head creates (database, WAL, tokens) is its user's alone
+    secure_state(state_dir)  # tokens and the database: no job may read them
     database = db_url or db.default_url(state_dir)
     election: leader.Election | None = None
     try:

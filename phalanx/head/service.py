@@ -7,7 +7,7 @@ import contextlib
 import os
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import ValidationError
@@ -18,7 +18,7 @@ from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.certs import AgentSigner
 from phalanx.head.control import ControlThread, HeadError, _core_team
 from phalanx.head.mirror import Tx
-from phalanx.head.records import JobRecord, NodeRecord
+from phalanx.head.records import QOS_PRIORITY, JobRecord, NodeRecord
 from phalanx.head.scheduling import pending_reason
 from phalanx.tls import TLSError
 
@@ -35,6 +35,7 @@ class Head:
         # head checks them when it calls an agent (log reads, fault injection).
         self.signer: AgentSigner | None = None
         self.agent_verify: ssl.SSLContext | bool = True
+        self.now: Callable[[], float] = time.time  # token expiry and node liveness read it
         control.on_commit = self._on_commit
 
     # ------------------------------------------------------------------ auth
@@ -42,31 +43,45 @@ class Head:
         if not token:
             raise AuthError("missing token: send `Authorization: Bearer TOKEN`")
         hashed = auth.token_hash(token)
-        cached = self._principals.get(hashed)
-        if cached is not None:
-            return cached
+        principal = self._principals.get(hashed)
+        if principal is None:
+            principal = self._load_principal(hashed)
+            self._principals[hashed] = principal
+        if principal.expires is not None and self.now() >= principal.expires:
+            raise AuthError("expired token: ask for a new one (`phalanx token create`)")
+        return principal
+
+    def _load_principal(self, hashed: str) -> Principal:
         with self.control.engine.connect() as conn:
             row = store.token_by_hash(conn, hashed)
             if row is None:
                 raise AuthError("unknown or revoked token")
-            if row.kind == "api":
-                user = store.user_row(conn, row.user)
-                if user is None:
-                    raise AuthError("the token's user no longer exists")
-                member = store.memberships_of(conn, row.user)
-                principal = Principal(
-                    kind="api",
+            if row.kind != "api":
+                return Principal(
+                    kind=row.kind,
                     token_id=row.id,
-                    user=row.user,
-                    admin=bool(user.admin),
-                    teams=frozenset(t for t, _ in member),
-                    admin_of=frozenset(t for t, a in member if a),
-                    default_team=user.default_team,
+                    node=row.node,
+                    expires=row.expires,
+                    single_use=bool(row.single_use),
+                    bind_nodes=tuple(store.split_list(row.bind_nodes) or ()),
+                    bind_addresses=tuple(store.split_list(row.bind_addresses) or ()),
                 )
-            else:
-                principal = Principal(kind=row.kind, token_id=row.id, node=row.node)
-        self._principals[hashed] = principal
-        return principal
+            user = store.user_row(conn, row.user)
+            if user is None:
+                raise AuthError("the token's user no longer exists")
+            member = store.memberships_of(conn, row.user)
+            qos = store.split_list(user.qos)
+            return Principal(
+                kind="api",
+                token_id=row.id,
+                user=row.user,
+                admin=bool(user.admin),
+                teams=frozenset(t for t, _ in member),
+                admin_of=frozenset(t for t, a in member if a),
+                default_team=user.default_team,
+                expires=row.expires,
+                qos=None if qos is None else frozenset(qos),
+            )
 
     def forget_principals(self) -> None:
         self._principals.clear()
@@ -143,6 +158,18 @@ class Head:
             raise HeadError(403, f"job {job_id} belongs to {rec.user} (team {rec.team})")
         return rec
 
+    def private_job_record(self, who: Principal, job_id: int) -> JobRecord:
+        """A job whose private parts (environment, logs) `who` may read: the owner's, a
+        team admin's, an admin's; a teammate gets 403."""
+        rec = self.job_record(who, job_id)
+        if not who.may_see_job(rec.user, rec.team):
+            raise HeadError(
+                403,
+                f"job {job_id}'s logs and environment are {rec.user}'s (and team {rec.team}'s "
+                "admins'); teammates see its metadata only",
+            )
+        return rec
+
     def job_detail(self, who: Principal, job_id: int) -> m.JobDetail:
         rec = self.job_record(who, job_id)
         with self.control.engine.connect() as conn:
@@ -150,7 +177,10 @@ class Head:
         with self.control.lock:
             info = rec.info(self.mirror.addresses(), pending_reason(self.mirror, rec))
             progress = [rec.progress[r] for r in sorted(rec.progress)]
-        return m.JobDetail(job=info, spec=rec.spec, events=events, progress=progress)
+        spec, hidden = rec.spec, False
+        if spec.env and not who.may_see_job(rec.user, rec.team):
+            spec, hidden = spec.model_copy(update={"env": {}}), True
+        return m.JobDetail(job=info, spec=spec, events=events, progress=progress, env_hidden=hidden)
 
     def check_step_token(self, job_id: int, token: str | None) -> None:
         with self.control.lock:
@@ -221,8 +251,20 @@ class Head:
         return next(n for n in self.nodes().nodes if n.name == name)
 
     # ------------------------------------------------------------------ agents
-    def register(self, who: Principal, req: m.RegisterRequest) -> m.RegisterResponse:
-        if who.kind != "join":
+    def register(
+        self, who: Principal, req: m.RegisterRequest, peer: str | None = None
+    ) -> m.RegisterResponse:
+        """A node joins: with a join token (its bindings allow this name and address, and
+        no live node holds the name), or again as itself with its own node credential (an
+        agent restart). Either way it gets a fresh node credential; the old one is revoked."""
+        if who.kind == "node":
+            if who.node != req.name:
+                raise Forbidden(f"this node credential is node {who.node!r}'s, not {req.name!r}")
+        elif who.kind == "join":
+            refusal = auth.binding_refusal(who, req.name, req.address, peer)
+            if refusal is not None:
+                raise Forbidden(refusal)
+        else:
             raise Forbidden("agents register with a join token")
         token = auth.new_token("node")
         agent_cert = self._agent_cert(req)  # a bad request changes nothing
@@ -230,6 +272,18 @@ class Head:
         def op(tx: Tx) -> None:
             now = time.time()
             old = self.mirror.nodes.get(req.name)
+            if who.kind == "join":
+                if old is not None and self._holds_name(old, now):
+                    raise HeadError(
+                        409,
+                        f"node {req.name!r} is registered and alive (its last heartbeat "
+                        f"{now - (old.last_heartbeat or now):.0f} s ago): a join token cannot "
+                        "take over a live node's name; restart the agent with its state dir "
+                        "(it re-registers with its own credential), wait until the node is "
+                        f"down, or have an admin run `phalanx admin node replace {req.name}`",
+                    )
+                if who.single_use and not store.use_single_use_token(tx.conn, who.token_id):
+                    raise HeadError(409, "this single-use join token was used already")
             node = NodeRecord(
                 name=req.name,
                 address=req.address,
@@ -255,7 +309,7 @@ class Head:
             self.mirror.core_dirty = True
 
         self.control.call(op)
-        self.forget_principals()  # the node's old credential was revoked
+        self.forget_principals()  # the node's old credential (or a spent join token) revoked
         s = self.mirror.settings
         return m.RegisterResponse(
             node_token=token,
@@ -273,9 +327,35 @@ class Head:
         except TLSError as e:
             raise HeadError(422, f"csr: {e}") from None
 
+    def _holds_name(self, node: NodeRecord, now: float) -> bool:
+        """Whether a registered node still holds its name: it heartbeat within the lease."""
+        last = node.last_heartbeat
+        return last is not None and now - last < self.mirror.settings.lease_s
+
+    def replace_node(self, name: str) -> m.NodeInfo:
+        """An admin frees a node's name: its credential is revoked (its agent can no longer
+        heartbeat, so it fences itself) and it counts as silent, so a join token may
+        register a new node under the name at once; its jobs are requeued as for a node
+        that died."""
+
+        def op(tx: Tx) -> None:
+            node = self.mirror.nodes.get(name)
+            if node is None:
+                raise HeadError(404, f"no node {name!r}")
+            store.revoke_node_tokens(tx.conn, name)
+            node.last_heartbeat = time.time() - self.mirror.settings.lease_s - 1
+            tx.event(time.time(), "node_replace", "credential revoked by an admin", node=name)
+            tx.kick = True
+
+        self.control.call(op)
+        self.forget_principals()
+        return next(n for n in self.nodes().nodes if n.name == name)
+
     async def heartbeat(self, who: Principal, hb: m.Heartbeat) -> m.DesiredState:
-        if who.kind != "node" or who.node != hb.name:
-            raise Forbidden("heartbeats need this node's own credential")
+        if who.kind != "node":
+            raise Forbidden("heartbeats need a node credential")
+        if who.node != hb.name:
+            raise Forbidden(f"this node credential is node {who.node!r}'s, not {hb.name!r}")
 
         def op(tx: Tx) -> None:
             node = self.mirror.nodes.get(hb.name)
@@ -410,10 +490,16 @@ class Head:
         )
 
     def put_team(self, team: m.TeamSpec) -> m.TeamInfo:
+        _check_qos_names(team.qos)
+
         def op(tx: Tx) -> None:
             store.put_team(tx.conn, team, time.time())
             core_team = _core_team(team)
             self.mirror.teams[team.name] = core_team
+            if team.qos is None:
+                self.mirror.team_qos.pop(team.name, None)
+            else:
+                self.mirror.team_qos[team.name] = frozenset(team.qos)
             if self.mirror.core is not None:
                 self.mirror.core_dirty = True  # quotas and cohorts changed: rebuild
             tx.kick = True
@@ -436,6 +522,7 @@ class Head:
                     cohort=t.cohort,
                     borrowing_limit=t.borrowing_limit,
                     weight=t.weight,
+                    qos=t.qos,
                     gpus_in_use=usage.get(t.name, 0),
                     members=members.get(t.name, []),
                 )
@@ -475,45 +562,123 @@ class Head:
         return self.users_by_name()[req.name]
 
     def set_user(self, name: str, req: m.UserUpdate) -> m.UserInfo:
-        """Map a user to a Unix uid/gid (jobs started from now on run as it)."""
+        """Change what the request names (a PATCH): the user's Unix uid/gid (jobs started
+        from now on run as it; `clear`: back to the account named like the user), and the
+        QOS it may use (null: its own allowance cleared, the team's applies)."""
+        given = req.model_fields_set
+        unix = bool(given & {"uid", "gid", "clear"})
         if req.clear and (req.uid is not None or req.gid is not None):
             raise HeadError(422, "clear the mapping or set a uid/gid, not both")
-        if not req.clear and req.uid is None:
+        if unix and not req.clear and req.uid is None:
             raise HeadError(422, "a Unix mapping needs a uid (--uid); --gid alone is not enough")
+        if "qos" in given:
+            _check_qos_names(req.qos)
 
         def op(tx: Tx) -> None:
             if not store.user_exists(tx.conn, name):
                 raise HeadError(404, f"no user {name!r}")
-            uid, gid = (None, None) if req.clear else (req.uid, req.gid)
-            store.set_unix_account(tx.conn, name, uid, gid)
-            self.mirror.unix_accounts[name] = (uid, gid)
+            if unix:
+                uid, gid = (None, None) if req.clear else (req.uid, req.gid)
+                store.set_unix_account(tx.conn, name, uid, gid)
+                self.mirror.unix_accounts[name] = (uid, gid)
+            if "qos" in given:
+                store.set_user_qos(tx.conn, name, req.qos)
 
         self.control.call(op)
+        self.forget_principals()  # principals carry the user's allowance
         return self.users_by_name()[name]
 
     def users_by_name(self) -> dict[str, m.UserInfo]:
         with self.control.engine.connect() as conn:
             return {u.name: u for u in store.users(conn)}
 
+    def _expiry(self, minter: Principal, asked: float | None, default: float) -> float | None:
+        """When a token `minter` mints expires: `asked` seconds from now, else `default`
+        (0: never), never later than the minter's own expiry. Asking for more is refused
+        (403); the default is capped."""
+        now = self.now()
+        if asked is not None:
+            expires: float | None = now + asked
+        else:
+            expires = now + default if default > 0 else None
+        limit = minter.expires
+        if limit is None or (expires is not None and expires <= limit):
+            return expires
+        if asked is not None:
+            raise Forbidden(
+                f"a token cannot mint a token that outlives it: this one expires in "
+                f"{max(0.0, limit - now):.0f} s, the new one would in {asked:.0f} s"
+            )
+        return limit
+
     def issue_token(
-        self, kind: auth.TokenKind, user: str | None, description: str
+        self, minter: Principal, user: str, description: str, expires_s: float | None = None
     ) -> m.TokenIssued:
-        token = auth.new_token(kind)
+        """A user's API token, minted by `minter`'s token: it expires no later than that
+        one, and a token a user mints for themself dies when the minting one is revoked (an
+        admin's token rotated does not take the tokens it issued to others with it)."""
+        expires = self._expiry(minter, expires_s, self.mirror.settings.api_token_ttl_s)
+        token = auth.new_token("api")
 
         def op(tx: Tx) -> int:
-            if user is not None and not store.user_exists(tx.conn, user):
+            if not store.user_exists(tx.conn, user):
                 raise HeadError(404, f"no user {user!r}")
             return store.add_token(
-                tx.conn, auth.token_hash(token), kind, user, None, description, time.time()
+                tx.conn,
+                auth.token_hash(token),
+                "api",
+                user,
+                None,
+                description,
+                time.time(),
+                expires=expires,
+                parent_id=minter.token_id if minter.user == user else None,
             )
 
         token_id = self.control.call(op)
-        return m.TokenIssued(id=token_id, token=token, user=user, kind=kind)  # type: ignore[arg-type]  # kind is api or join here
+        return m.TokenIssued(id=token_id, token=token, user=user, kind="api", expires=expires)
 
-    def revoke(self, token_id: int) -> None:
+    def issue_join_token(self, minter: Principal, req: m.JoinTokenCreate) -> m.TokenIssued:
+        try:
+            addresses = auth.check_cidrs(req.addresses)
+        except ValueError as e:
+            raise HeadError(422, f"addresses: {e}") from None
+        expires = self._expiry(minter, req.expires_s, self.mirror.settings.join_token_ttl_s)
+        token = auth.new_token("join")
+
+        def op(tx: Tx) -> int:
+            return store.add_token(
+                tx.conn,
+                auth.token_hash(token),
+                "join",
+                None,
+                None,
+                req.description or "agent join token",
+                time.time(),
+                expires=expires,
+                single_use=req.single_use,
+                bind_nodes=req.nodes,
+                bind_addresses=addresses,
+            )
+
+        token_id = self.control.call(op)
+        return m.TokenIssued(id=token_id, token=token, user=None, kind="join", expires=expires)
+
+    def tokens(self, who: Principal, everyone: bool) -> m.TokenList:
+        """Every token (an admin asking for all), else `who`'s own API tokens."""
+        with self.control.engine.connect() as conn:
+            return m.TokenList(tokens=store.tokens(conn, None if everyone else who.user))
+
+    def revoke(self, who: Principal, token_id: int) -> None:
+        """Revoke a token (and those it minted): admins any, users their own API tokens."""
+
         def op(tx: Tx) -> None:
-            if not store.revoke_token(tx.conn, token_id):
+            row = store.token_row(tx.conn, token_id)
+            if row is None:
                 raise HeadError(404, f"no token {token_id}")
+            if not who.admin and (row.kind != "api" or row.user != who.user):
+                raise HeadError(403, f"token {token_id} is not yours")
+            store.revoke_token(tx.conn, token_id)
 
         self.control.call(op)
         self.forget_principals()
@@ -527,6 +692,13 @@ class Head:
         if node is None:
             raise HeadError(404, f"no node {name!r}")
         return node
+
+
+def _check_qos_names(qos: list[str] | None) -> None:
+    unknown = sorted(set(qos or ()) - set(QOS_PRIORITY))
+    if unknown:
+        known = ", ".join(QOS_PRIORITY)
+        raise HeadError(422, f"unknown qos {', '.join(unknown)}; known: {known}")
 
 
 def _visible(who: Principal, rec: JobRecord) -> bool:

@@ -198,13 +198,24 @@ def all_teams(conn: Connection) -> list[TeamSpec]:
             cohort=r.cohort,
             borrowing_limit=r.borrowing_limit,
             weight=r.weight,
+            qos=split_list(r.qos),
         )
         for r in conn.execute(select(db.teams).order_by(db.teams.c.name))
     ]
 
 
+def split_list(value: str | None) -> list[str] | None:
+    """A comma-separated column's values (None stays None: not set)."""
+    return None if value is None else [v for v in value.split(",") if v]
+
+
+def join_list(values: Sequence[str] | None) -> str | None:
+    return None if values is None else ",".join(values)
+
+
 def put_team(conn: Connection, team: TeamSpec, now: float) -> None:
     values = team.model_dump()
+    values["qos"] = join_list(team.qos)
     exists = conn.execute(select(db.teams.c.name).where(db.teams.c.name == team.name)).first()
     if exists:
         del values["name"]
@@ -267,6 +278,7 @@ def users(conn: Connection) -> list[UserInfo]:
             default_team=r.default_team,
             uid=r.unix_uid,
             gid=r.unix_gid,
+            qos=split_list(r.qos),
         )
         for r in conn.execute(select(db.users).order_by(db.users.c.name))
     ]
@@ -283,6 +295,13 @@ def unix_accounts(conn: Connection) -> dict[str, tuple[int | None, int | None]]:
     return {r.name: (r.unix_uid, r.unix_gid) for r in conn.execute(query)}
 
 
+def set_user_qos(conn: Connection, name: str, qos: Sequence[str] | None) -> bool:
+    result = conn.execute(
+        update(db.users).where(db.users.c.name == name).values(qos=join_list(qos))
+    )
+    return bool(result.rowcount)
+
+
 # ----------------------------------------------------------------------------- tokens
 def add_token(
     conn: Connection,
@@ -292,6 +311,11 @@ def add_token(
     node: str | None,
     description: str,
     now: float,
+    expires: float | None = None,
+    parent_id: int | None = None,
+    single_use: bool = False,
+    bind_nodes: Sequence[str] = (),
+    bind_addresses: Sequence[str] = (),
 ) -> int:
     result = conn.execute(
         insert(db.tokens).values(
@@ -302,6 +326,11 @@ def add_token(
             description=description,
             created=now,
             revoked=False,
+            expires=expires,
+            parent_id=parent_id,
+            single_use=single_use,
+            bind_nodes=",".join(bind_nodes) or None,
+            bind_addresses=",".join(bind_addresses) or None,
         )
     )
     key = result.inserted_primary_key
@@ -332,12 +361,47 @@ def revoke_node_tokens(conn: Connection, node: str) -> None:
     )
 
 
+def token_row(conn: Connection, token_id: int) -> Any:
+    return conn.execute(select(db.tokens).where(db.tokens.c.id == token_id)).first()
+
+
 def revoke_token(conn: Connection, token_id: int) -> bool:
+    """Revoke a token and every token it minted, and theirs (a minted token dies with its
+    parent)."""
     result = conn.execute(update(db.tokens).where(db.tokens.c.id == token_id).values(revoked=True))
+    if not result.rowcount:
+        return False
+    todo = [token_id]
+    while todo:
+        children = [
+            r.id
+            for r in conn.execute(
+                select(db.tokens.c.id).where(
+                    db.tokens.c.parent_id.in_(todo), db.tokens.c.revoked.is_(False)
+                )
+            )
+        ]
+        if children:
+            conn.execute(update(db.tokens).where(db.tokens.c.id.in_(children)).values(revoked=True))
+        todo = children
+    return True
+
+
+def use_single_use_token(conn: Connection, token_id: int) -> bool:
+    """Spend a single-use token: True if it was still unrevoked (this caller spent it)."""
+    result = conn.execute(
+        update(db.tokens)
+        .where(db.tokens.c.id == token_id, db.tokens.c.revoked.is_(False))
+        .values(revoked=True)
+    )
     return bool(result.rowcount)
 
 
-def tokens(conn: Connection) -> list[TokenInfo]:
+def tokens(conn: Connection, user: str | None = None) -> list[TokenInfo]:
+    """Every token (`user`: only that user's API tokens)."""
+    query = select(db.tokens).order_by(db.tokens.c.id)
+    if user is not None:
+        query = query.where(db.tokens.c.user == user, db.tokens.c.kind == "api")
     return [
         TokenInfo(
             id=r.id,
@@ -347,8 +411,13 @@ def tokens(conn: Connection) -> list[TokenInfo]:
             created=r.created,
             last_used=r.last_used,
             revoked=bool(r.revoked),
+            expires=r.expires,
+            node=r.node,
+            single_use=bool(r.single_use),
+            nodes=split_list(r.bind_nodes) or [],
+            addresses=split_list(r.bind_addresses) or [],
         )
-        for r in conn.execute(select(db.tokens).order_by(db.tokens.c.id))
+        for r in conn.execute(query)
     ]
 
 

@@ -223,7 +223,8 @@ class LocalCluster:
 
     def _start(self) -> None:
         deadline = time.monotonic() + self.start_timeout_s
-        self.head_dir.mkdir(parents=True, exist_ok=True)
+        self.head_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.head_dir.chmod(0o700)  # the head's database and tokens: also an old state dir's
         if self.port is None:
             self.port = free_port()  # kept: a restarted head comes back on the same URL
         self._start_head(deadline)

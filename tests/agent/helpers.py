@@ -195,9 +195,10 @@ class AgentProcess:
         self.log = log
         argv = [sys.executable, "-m", "phalanx", "agent", "--head", head_url]
         argv += ["--address", address, "--name", address, "--fake-gpus", "1"]
-        argv += ["--token", JOIN_TOKEN, "--state-dir", str(state_dir), *extra]
+        argv += ["--state-dir", str(state_dir), *extra]
+        env = {**os.environ, "PHALANX_JOIN_TOKEN": JOIN_TOKEN}  # never an argument (`ps`)
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
 
     def kill(self) -> None:
         """SIGKILL: the agent gets no chance to stop its jobs."""

@@ -98,7 +98,10 @@ def test_bad_requests_exit_2_with_one_line(
 
 
 def test_agent_refuses_bad_health_check_settings(tmp_path: Path) -> None:
-    base = ["agent", "--head", "http://127.0.0.1:9", "--address", "127.0.0.2", "--token", "x"]
+    base = ["agent", "--head", "http://127.0.0.1:9", "--address", "127.0.0.2"]
+    token_file = tmp_path / "join.token"
+    token_file.write_text("x\n")
+    base += ["--token-file", str(token_file)]
     missing = tmp_path / "missing.sh"
     result = invoke(*base, "--fake-gpus", "1", "--health-check", str(missing))
     assert (result.exit_code, result.stderr.strip()) == (

@@ -37,11 +37,13 @@ class HeadProc:
         return httpx.Client(base_url=self.url, headers=headers, timeout=30)
 
 
-def start_head(state_dir: Path, db_url: str | None) -> HeadProc:
+def start_head(state_dir: Path, db_url: str | None, settings: str = "") -> HeadProc:
+    """`settings`: keyword arguments of the head's Settings, as Python source."""
     port = free_port()
     code = (
         "import sys; from pathlib import Path; from phalanx.head.server import serve; "
-        f"serve(Path({str(state_dir)!r}), '127.0.0.1', {port}, {db_url!r})"
+        "from phalanx.head.mirror import Settings; "
+        f"serve(Path({str(state_dir)!r}), '127.0.0.1', {port}, {db_url!r}, Settings({settings}))"
     )
     log = open(state_dir.parent / f"head-{port}.log", "wb")  # noqa: SIM115  # closed by the OS at exit
     proc = subprocess.Popen(

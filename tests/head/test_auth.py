@@ -37,7 +37,10 @@ def test_every_endpoint_but_health_refuses_missing_and_wrong_tokens(head: HeadPr
 
 
 def test_token_files_are_private_and_tokens_are_stored_hashed(head: HeadProc) -> None:
-    for name in ("admin.token", "join.token"):
+    assert stat.S_IMODE(os.stat(head.state_dir).st_mode) == 0o700
+    for name in ("admin.token", "join.token", "phalanx.db"):
+        if name == "phalanx.db" and not (head.state_dir / name).exists():
+            continue  # PostgreSQL
         mode = stat.S_IMODE(os.stat(head.state_dir / name).st_mode)
         assert mode == 0o600, oct(mode)
     log = b"".join(p.read_bytes() for p in head.state_dir.parent.glob("head-*.log"))
@@ -64,7 +67,7 @@ def test_users_cannot_touch_other_teams_jobs(head: HeadProc) -> None:
     carol = head.client(_user(admin, "carol", ["vision"], []))
     vera = head.client(_user(admin, "vera", [], ["vision"]))  # team admin of vision
 
-    r = alice.post("/v1/jobs", json={**JOB, "team": "vision"})
+    r = alice.post("/v1/jobs", json={**JOB, "team": "vision", "env": {"TOKEN": "s3cret"}})
     assert r.status_code == 201, r.text
     job = r.json()["job_ids"][0]
     assert bob.post("/v1/jobs", json={**JOB, "team": "vision"}).status_code == 403
@@ -74,9 +77,13 @@ def test_users_cannot_touch_other_teams_jobs(head: HeadProc) -> None:
     assert bob.post(f"/v1/jobs/{job}/cancel").status_code == 403
     assert job not in [j["id"] for j in bob.get("/v1/jobs?active=true").json()["jobs"]]
     assert bob.get("/v1/jobs?active=true&format=table").json()["rows"] == []
-    # A teammate sees it but may not cancel it; the team's admin may.
-    assert carol.get(f"/v1/jobs/{job}").status_code == 200
+    # A teammate sees it (not its environment, not its logs) but may not cancel it; the
+    # team's admin may do all three.
+    seen = carol.get(f"/v1/jobs/{job}")
+    assert seen.status_code == 200 and seen.json()["spec"]["env"] == {}, seen.text
+    assert carol.get(f"/v1/jobs/{job}/logs").status_code == 403
     assert carol.post(f"/v1/jobs/{job}/cancel").status_code == 403
+    assert vera.get(f"/v1/jobs/{job}").json()["spec"]["env"] == {"TOKEN": "s3cret"}
     # Users are not admins.
     assert alice.post("/v1/users", json={"name": "mallory"}).status_code == 403
     assert alice.post("/v1/nodes/x/drain", json={"reason": "x"}).status_code == 403
@@ -85,6 +92,12 @@ def test_users_cannot_touch_other_teams_jobs(head: HeadProc) -> None:
     )
     assert alice.post("/v1/tokens", json={"user": "bob"}).status_code == 403
     assert alice.post("/v1/join-tokens").status_code == 403
+    assert alice.patch("/v1/users/alice", json={"qos": ["high"]}).status_code == 403
+    assert alice.post("/v1/nodes/x/replace").status_code == 403
+    # A user lists their own tokens only, and may not revoke another's.
+    assert [t["user"] for t in alice.get("/v1/tokens").json()["tokens"]] == ["alice"]
+    bobs = bob.get("/v1/tokens").json()["tokens"][0]["id"]
+    assert alice.delete(f"/v1/tokens/{bobs}").status_code == 403
     # An agent's join token is not a user token.
     assert head.client(head.join_token).get("/v1/jobs").status_code == 403
 
@@ -108,4 +121,5 @@ def test_revoked_token_is_refused(head: HeadProc) -> None:
     assert c.get("/v1/whoami").status_code == 401
     listed = admin.get("/v1/tokens").json()["tokens"]
     assert any(t["id"] == issued["id"] and t["revoked"] for t in listed)
+    assert issued["expires"] is not None  # API tokens expire (90 days by default)
     assert all("token" not in t and "hash" not in t for t in listed)

@@ -1,5 +1,6 @@
 """Real Unix users (phxtest-alice, phxtest-bob), a cluster whose users map to them by name,
-and working directories they own. Needs root: skipped, saying so, otherwise."""
+and working directories they own (needs root: skipped, saying so, otherwise); and a real
+head (SQLite and PostgreSQL) with small per-user limits, for the identity tests."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ import pytest
 from phalanx.api.models import UserCreate
 from phalanx.client.api import ApiError, PhalanxClient
 from phalanx.local import LocalCluster
+from phalanx.testing.postgres import PostgresServer
 from tests.e2e.helpers import cancel_all
+from tests.head.conftest import HeadProc, start_head, stop_head
 
 USERS = ("phxtest-alice", "phxtest-bob")
 GHOST = "phxtest-ghost"  # a Phalanx user with no Unix account anywhere
@@ -101,3 +104,23 @@ def people(
     for p in out.values():
         cancel_all(p.client)
         p.client.close()
+
+
+# Small enough for a test to reach: 5 live jobs per user, job specs up to 8 KiB.
+SETTINGS = "max_queued_per_user=5, max_spec_bytes=8192"
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def head(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HeadProc]:
+    tmp_path = tmp_path_factory.mktemp("head")
+    db_url = None
+    if request.param == "postgresql":
+        pg: PostgresServer = request.getfixturevalue("postgres")
+        db_url = pg.new_database(f"security_{request.module.__name__.rsplit('.', 1)[-1]}")
+    h = start_head(tmp_path / "head", db_url, SETTINGS)
+    try:
+        yield h
+    finally:
+        stop_head(h.proc)
