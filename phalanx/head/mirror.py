@@ -32,7 +32,7 @@ class Settings:
     # A personal cluster (`phalanx up`): users without an explicit uid run as the head's
     # own Unix account rather than the account with their name (docs/security.md).
     users_map_to_self: bool = False
-    # Identity and limits (docs/security-tokens.md).
+    # Identity and limits (docs/security.md).
     api_token_ttl_s: float = 90 * 86400.0  # a user's API token, unless it asks (0: never)
     join_token_ttl_s: float = 86400.0  # a join token, unless it asks; the first-start one
     max_queued_per_user: int = 10_000  # live jobs (PD, R, CG, PR) a user may have (0: no cap)
