@@ -22,7 +22,7 @@ from phalanx.api.models import RegisterRequest
 from . import leftovers
 from .gpus import FakeProvider, GpuError, GpuProvider, detect
 from .guard import start_guard, stop_guard
-from .headlink import HeadLink, JoinRefused
+from .headlink import HeadLink, HeadSeen, JoinRefused
 from .health import EVENTS_FILE, EventQueue, HealthMonitor, check_problem
 from .processes import ProcessManager
 from .reconcile import LaunchContext, Reconciler
@@ -53,6 +53,7 @@ class AgentConfig:
     heartbeat_s: float = 2.0
     health_checks: tuple[Path, ...] = ()  # NHC-style scripts: exit 0 is healthy
     health_interval_s: float = 30.0  # how often they run; also each one's timeout
+    max_outage_s: float = 600.0  # keep jobs through a head outage this long (head caps it)
 
 
 class _Server(uvicorn.Server):
@@ -119,7 +120,10 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
         agent_url = f"http://{cfg.address}:{sock.getsockname()[1]}"
         request = _register_request(cfg, agent_url, agent_secret, gpus)
         inject = gpus.inject if isinstance(gpus, FakeProvider) else None
-        app = create_app(secret=agent_secret, reconciler=reconciler, steps=steps, inject=inject)
+        seen = HeadSeen(cfg.name)
+        app = create_app(
+            secret=agent_secret, reconciler=reconciler, steps=steps, inject=inject, head_seen=seen
+        )
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         server = _Server(config)
         serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -135,6 +139,8 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None) -> None:
             heartbeat_s=cfg.heartbeat_s,
             secrets=keep_out,
             health=health,
+            seen=seen,
+            max_outage_s=cfg.max_outage_s,
         )
         # Fences the jobs should this process be frozen or killed (it cannot, then).
         guard = start_guard(state_dir)

@@ -66,6 +66,15 @@ def head(
             "(its own --hang-timeout wins; 0: off).",
         ),
     ] = 600.0,
+    max_outage: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=7 * 86400,
+            help="Agents keep their jobs through a head outage (restart, pause, failover) "
+            "this long when their peers confirm the head is out (0: fence at the lease).",
+        ),
+    ] = 600.0,
 ) -> None:
     """Run the head: REST API, scheduler and state (blocks; Ctrl-C stops it)."""
     from phalanx.head.mirror import Settings
@@ -80,6 +89,7 @@ def head(
         kill_grace_s=kill_grace,
         preempt_grace_s=preempt_grace,
         hang_timeout_s=hang_timeout,
+        max_outage_s=max_outage,
     )
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -155,6 +165,15 @@ def agent(
     health_interval: Annotated[
         float, typer.Option(help="Seconds between health-check runs (also their timeout).")
     ] = 30.0,
+    max_outage: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=7 * 86400,
+            help="Keep jobs running through a head outage at most this long (the head's "
+            "--max-outage caps it; 0: fence when the lease runs out).",
+        ),
+    ] = 600.0,
 ) -> None:
     """Run an agent on this server: join the head, run the jobs it assigns (blocks)."""
     from phalanx.agent.main import AgentConfig, AgentError, run_agent
@@ -178,6 +197,7 @@ def agent(
         labels=_labels(label or []),
         health_checks=tuple(health_check or ()),
         health_interval_s=health_interval,
+        max_outage_s=max_outage,
     )
     try:
         run_agent(config)

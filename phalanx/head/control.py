@@ -120,6 +120,7 @@ class ControlThread:
     def _run(self) -> None:
         settings = self.mirror.settings
         next_tick = time.monotonic()
+        pauses = clock.PauseWatch(settings, next_tick)
         while not self._stopping:
             ops: list[_Op] = []
             wake = next_tick
@@ -136,9 +137,11 @@ class ControlThread:
             except queue.Empty:
                 pass
             tick = time.monotonic() >= next_tick
+            paused = 0.0
             if tick:
                 next_tick = time.monotonic() + settings.tick_s
-            self._batch(ops, tick)
+                paused = pauses.paused(time.monotonic())
+            self._batch(ops, tick, paused)
 
     def _connect(self) -> Connection:
         held, self._held = self._held, None
@@ -156,7 +159,7 @@ class ControlThread:
             self._held.close()
             self._held = None
 
-    def _batch(self, ops: list[_Op], tick: bool) -> None:
+    def _batch(self, ops: list[_Op], tick: bool, paused: float = 0.0) -> None:
         tx = Tx(self._connect)
         results: list[tuple[_Op, Any, BaseException | None]] = []
         try:
@@ -168,7 +171,7 @@ class ControlThread:
                         results.append((op, None, e))
                 now = time.time()
                 if tick:
-                    clock.tick(self.mirror, tx, now)
+                    clock.tick(self.mirror, tx, now, paused)
                 self._kicked = self._kicked or tx.kick or self.mirror.core_dirty
                 due = time.monotonic() >= self._last_cycle + CYCLE_MIN_INTERVAL_S
                 if tick or (self._kicked and due):

@@ -29,6 +29,9 @@ class Settings:
     hang_timeout_s: float = 600.0  # no progress report for this long → restart (0: off)
     tick_s: float = 0.5
     public_url: str = ""
+    # Agents keep their jobs through a head outage this long (when their peers confirm the
+    # head is out rather than they are cut off: docs/fault-tolerance.md#head-outages).
+    max_outage_s: float = 600.0
 
 
 @dataclass(slots=True)
@@ -46,6 +49,11 @@ class Mirror:
     node_failures: dict[str, list[float]] = field(default_factory=dict)  # node → when
     next_job_id: int = 1
     version: int = 0
+    # Head outages (head/peers.py): each node's peers as last computed, as last sent to it,
+    # and when they were computed (control-thread monotonic seconds).
+    peer_lists: dict[str, list[str]] = field(default_factory=dict)
+    peers_sent: dict[str, list[str]] = field(default_factory=dict)
+    peers_at: float | None = None
 
     def bump(self, tx: Tx, node: str) -> None:
         """What `node` must run changed: a new desired-state version wakes its long poll."""
