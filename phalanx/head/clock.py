@@ -44,7 +44,8 @@ def tick(mirror: Mirror, tx: Tx, now: float, paused_s: float = 0.0) -> None:
     for silence the head could not hear."""
     if paused_s > 0:
         resume_after_pause(mirror, tx, now, paused_s)
-    if mirror.peers_at is None or not 0 <= now - mirror.peers_at < peers.REFRESH_S:
+    stale = mirror.peers_at is None or not 0 <= now - mirror.peers_at < peers.REFRESH_S
+    if stale or len(mirror.peer_lists) != len(mirror.nodes):  # also as soon as a node joins
         mirror.peer_lists = peers.pick(mirror)
         mirror.peers_at = now
     for rec in list(mirror.jobs.values()):
