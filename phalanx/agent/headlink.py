@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 import ssl
@@ -17,9 +18,12 @@ from pydantic import ValidationError
 from phalanx.api.models import (
     Heartbeat,
     NodeHealth,
+    Peer,
+    PeerHeadView,
     RegisterRequest,
     RegisterResponse,
 )
+from phalanx.api.quorum import ride_quorum
 
 from .admission import InvalidDesiredState, Refused, parse_desired
 from .gpus import GpuProvider
@@ -36,6 +40,28 @@ _MAX_WAIT_S = 30.0  # Heartbeat.wait_s upper bound
 
 class JoinRefused(RuntimeError):
     """The head refused this agent (bad join token, invalid settings): retrying won't help."""
+
+
+class HeadSeen:
+    """What this agent tells its peers during a head outage (GET /v1/peer/head): how long
+    ago the head last answered it. Peers prove themselves with the head's peer secret (the
+    current one and the one before, across a head restart); jobs never see it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.heard: float | None = None  # time.monotonic() of the head's last answer
+        self.secrets: list[str] = []
+
+    def learn(self, secret: str) -> None:
+        if secret and secret not in self.secrets:
+            self.secrets = [secret, *self.secrets[:1]]
+
+    def accepts(self, token: str) -> bool:
+        return any(hmac.compare_digest(token.encode(), s.encode()) for s in self.secrets)
+
+    def view(self) -> PeerHeadView:
+        age = None if self.heard is None else max(0.0, time.monotonic() - self.heard)
+        return PeerHeadView(name=self.name, head_age_s=age)
 
 
 class HeadLink:
@@ -68,6 +94,8 @@ class HeadLink:
         verify: ssl.SSLContext | bool = True,
         agent_tls: AgentTLS | None = None,
         credential_file: Path | None = None,
+        seen: HeadSeen | None = None,
+        max_outage_s: float = 600.0,
     ) -> None:
         # `head_url` may list several heads (a leader and its standbys), comma-separated:
         # the agent talks to one and moves to the next when it cannot be reached or is a
@@ -104,9 +132,25 @@ class HeadLink:
         self._backoff = _BACKOFF_MIN_S
         # For the lease guard, which fences should this process be frozen or killed.
         self._lease_file = LeaseFile(reconciler.ctx.state_dir)
+        # Riding out a head outage (docs/fault-tolerance.md#head-outages): the peers to ask,
+        # the head's requeue margin and longest outage, and how far the peers' answers have
+        # moved the lease deadline on since the head last answered.
+        self.seen = seen if seen is not None else HeadSeen(request.name)
+        self.peers: list[Peer] = []
+        self.margin_s = 0.0
+        self.max_outage_s = max_outage_s  # this agent's own cap
+        self.head_max_outage_s = 0.0  # the head's (0: an older head; fence at the lease)
+        self._ride_until = 0.0  # monotonic; 0: not riding
+        self._rounds = 0  # peer checks since the head last answered
+        self._outage_logged = False
+        self._asked = 0.0  # the deadline whose peers were asked
 
     async def run(self) -> None:
         """Register and heartbeat until `stop` is set."""
+        # Peers' APIs serve TLS with certificates the head's CA signed: the same pinned CA.
+        self._peer_client = httpx.AsyncClient(
+            timeout=httpx.Timeout(self._query_s()), verify=self.verify
+        )
         lease = asyncio.create_task(self._watch_lease())
         try:
             async with httpx.AsyncClient(timeout=httpx.Timeout(10.0), verify=self.verify) as client:
@@ -125,6 +169,7 @@ class HeadLink:
             lease.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await lease
+            await self._peer_client.aclose()
 
     async def _register(self, client: httpx.AsyncClient) -> None:
         sent = time.monotonic()
@@ -244,6 +289,11 @@ class HeadLink:
             self.health.ack(state.health_ack)  # events the head handled are not sent again
         new = state.version != self.version or desired is None
         self.heartbeat_s, self.lease_s = state.heartbeat_s, state.lease_s
+        self.peers, self.margin_s = list(state.peers), state.requeue_margin_s
+        self.head_max_outage_s = state.max_outage_s
+        if state.peer_secret:
+            self.seen.learn(state.peer_secret)
+            self.secrets.add(state.peer_secret)  # never in a job's environment
         self._ok(sent)
         await asyncio.to_thread(self.reconciler.apply, state, refused)
         self.version = state.version
@@ -312,7 +362,12 @@ class HeadLink:
             log.info("the head at %s is reachable again", self.head_url)
         self._reachable = True
         self._last_ok = max(self._last_ok, sent)
-        self._lease_file.renew(self._last_ok + self.lease_s)  # before anything may start
+        self.seen.heard = time.monotonic()
+        self._rounds = 0
+        if self._outage_logged:
+            log.warning("the head answered again after an outage: jobs kept running")
+            self._outage_logged = False
+        self._lease_file.renew(self._deadline())  # before anything may start
         # An answer to a request sent more than a lease ago does not lift a fence: the
         # head may have given up on this node meanwhile; the next answer will.
         if self._lease_lost and time.monotonic() - self._last_ok <= self.lease_s:
@@ -320,18 +375,109 @@ class HeadLink:
             self.reconciler.resume()
             log.warning("the head answered again: jobs run as it says (fenced epochs stay dead)")
 
+    def _deadline(self) -> float:
+        """When the lease runs out: a lease after the last answered request was sent, or
+        later while the peers agree that the head is out (`_ask_peers`)."""
+        return max(self._last_ok + self.lease_s, self._ride_until)
+
+    def _query_s(self) -> float:
+        """How long a peer check may take: it ends well inside the head's requeue margin."""
+        return min(0.75, self.lease_s / 8)
+
+    def _may_ride(self) -> bool:
+        cap = min(self.max_outage_s, self.head_max_outage_s)
+        return bool(self.peers) and cap > self.lease_s and self.seen.heard is not None
+
     async def _watch_lease(self) -> None:
         """Fence at the lease deadline, also while a request hangs (a head that accepts
-        connections but never answers, or is stopped)."""
+        connections but never answers, or is stopped). Shortly before it, ask the peers
+        whether the head is out; if it is, the deadline moves on (`_ask_peers`)."""
         while not self.stop.is_set():
+            early = self._query_s() if self._may_ride() and not self._lease_lost else 0.0
+            deadline = self._deadline()
+            if early and time.monotonic() >= deadline - early and self._asked != deadline:
+                self._asked = deadline  # once per deadline
+                await self._ask_peers()
+                early = 0.0  # checked: the new deadline, or fencing at the old one
             self._check_lease()
-            # Sleep to the deadline, re-read at least every second (lease_s may change);
-            # while fenced, poll briefly so the deadline of a renewed lease is not missed.
-            left = self._last_ok + self.lease_s - time.monotonic()
+            # Sleep to the deadline (or to the check before it), re-read at least every
+            # second (lease_s may change); while fenced, poll briefly so the deadline of a
+            # renewed lease is not missed.
+            left = self._deadline() - early - time.monotonic()
             await asyncio.sleep(min(max(left, 0.05), 1.0))
 
+    async def _ask_peers(self) -> None:
+        """The lease is about to run out. Ask every peer at once how long ago the head
+        answered it. One that heard from the head since this node last did (by more than a
+        heartbeat: long polls end at different times) means this node alone is cut off:
+        fence at the deadline, before the head requeues. Too few answers: this node is
+        isolated; fence too. Enough answers and none heard the head: the head is out (a
+        restart, a pause, a failover); keep the jobs and move the deadline on, first into
+        half of the head's requeue margin (a second check then, when a slow long poll can
+        no longer pass for silence), then by half a lease at a time, up to the longest
+        outage. The head requeues a silent node's jobs early only while enough of its peers
+        are heard (head/peers.py), so this node hears of it in time."""
+        peers, heard = list(self.peers), self.seen.heard
+        assert heard is not None
+        answers = await asyncio.gather(*(self._ask(p) for p in peers))
+        slack = self.heartbeat_s + max(0.25, self.heartbeat_s / 4)
+        fresh = [(p.name, last - heard) for p, last in answers if isinstance(last, float)]
+        fresh = [(name, after) for name, after in fresh if after > slack]
+        answered = sum(1 for _, last in answers if last is not False)
+        now = time.monotonic()
+        deadline = self._deadline()
+        cap = self._last_ok + min(self.max_outage_s, self.head_max_outage_s)
+        if fresh:
+            name, after = fresh[0]
+            why = f"peer {name} heard from the head {after:.1f}s after this node last did"
+        elif answered < ride_quorum(len(peers)):
+            why = f"only {answered} of {len(peers)} peer(s) answered"
+        else:
+            # The first step stays inside the head's requeue margin: the check at its end
+            # is the one that tells a slow long poll from silence (with no margin to spare,
+            # this check decides).
+            second = self._last_ok + self.lease_s + self.margin_s / 2
+            until = second if self._rounds == 0 and second > deadline else now + self.lease_s / 2
+            until = min(until, cap)
+            self._rounds += 1
+            if until > deadline:
+                self._ride_until = until
+                self._lease_file.renew(until)
+                if not self._outage_logged:
+                    self._outage_logged = True
+                    log.warning(
+                        "no answer from the head for %.1fs, and none of %d peer(s) heard from it "
+                        "either: the head is out; jobs keep running (at most %gs without it)",
+                        now - self._last_ok,
+                        answered,
+                        cap - self._last_ok,
+                    )
+                return
+            why = f"the head has been out for the longest outage ({cap - self._last_ok:g}s)"
+        log.warning("lease ends in %.1fs and will not be extended: %s", deadline - now, why)
+
+    async def _ask(self, peer: Peer) -> tuple[Peer, float | bool | None]:
+        """(peer, when the head last answered it by this node's clock); None: never;
+        False: no valid answer in time."""
+        secret = self.seen.secrets[0] if self.seen.secrets else ""
+        try:
+            r = await asyncio.wait_for(
+                self._peer_client.get(
+                    f"{peer.agent_url.rstrip('/')}/v1/peer/head",
+                    headers={"Authorization": f"Bearer {secret}"},
+                ),
+                self._query_s(),
+            )
+            view = PeerHeadView.model_validate_json(r.content) if r.status_code == 200 else None
+        except (httpx.HTTPError, TimeoutError, ValidationError):
+            view = None
+        if view is None:
+            return peer, False
+        age = view.head_age_s
+        return peer, None if age is None else time.monotonic() - age
+
     def _check_lease(self) -> None:
-        if not self._lease_lost and time.monotonic() - self._last_ok > self.lease_s:
+        if not self._lease_lost and time.monotonic() > self._deadline():
             self._lease_lost = True
             self.on_lease_lost()
 
@@ -343,7 +489,7 @@ class HeadLink:
         now = time.monotonic()
         silent = now - self._last_ok
         # The wall time of the deadline: ranks the guard killed since then read as lost too.
-        since = time.time() - (now - (self._last_ok + self.lease_s))
+        since = time.time() - (now - self._deadline())
         killed = self.reconciler.fence(since)
         log.log(
             logging.ERROR if killed else logging.WARNING,

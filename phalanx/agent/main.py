@@ -24,7 +24,7 @@ from . import cgroups, leftovers
 from .confine import JobConfiner
 from .gpus import FakeProvider, GpuError, GpuProvider, detect
 from .guard import start_guard, stop_guard
-from .headlink import HeadLink, JoinRefused
+from .headlink import HeadLink, HeadSeen, JoinRefused
 from .health import EVENTS_FILE, EventQueue, HealthMonitor, check_problem
 from .identity import sane_env
 from .processes import ProcessManager
@@ -64,6 +64,7 @@ class AgentConfig:
     job_pids_max: int | None = cgroups.DEFAULT_PIDS_MAX  # per job and node; None: unlimited
     gpu_dev_dir: Path | None = None  # fake GPUs' device files (nvidia0…), for tests
     ca_file: Path | None = None  # the CA certificate the head's TLS is pinned to
+    max_outage_s: float = 600.0  # keep jobs through a head outage this long (head caps it)
 
 
 class _Server(uvicorn.Server):
@@ -177,7 +178,10 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
         if agent_tls is not None:
             request = request.model_copy(update={"csr": agent_tls.csr(cfg.name)})
         inject = gpus.inject if isinstance(gpus, FakeProvider) else None
-        app = create_app(secret=agent_secret, reconciler=reconciler, steps=steps, inject=inject)
+        seen = HeadSeen(cfg.name)
+        app = create_app(
+            secret=agent_secret, reconciler=reconciler, steps=steps, inject=inject, head_seen=seen
+        )
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         if agent_tls is not None:
             config.load()
@@ -199,6 +203,8 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
             verify=client_context(ca_pem),
             agent_tls=agent_tls,
             credential_file=state_dir / NODE_CREDENTIAL_FILE,
+            seen=seen,
+            max_outage_s=cfg.max_outage_s,
         )
         # Fences the jobs should this process be frozen or killed (it cannot, then).
         guard = start_guard(state_dir)

@@ -19,12 +19,14 @@ from phalanx.api.models import (
     FaultInjection,
     Health,
     LogChunk,
+    PeerHeadView,
     StepLaunch,
     StepStatus,
 )
 
 from . import logfiles
 from .gpus import FaultRejected
+from .headlink import HeadSeen
 from .logfiles import Stream
 from .reconcile import Reconciler
 from .steps import StepExists, StepManager
@@ -49,6 +51,7 @@ def create_app(
     reconciler: Reconciler,
     steps: StepManager,
     inject: Callable[[FaultInjection], None] | None = None,
+    head_seen: HeadSeen | None = None,
 ) -> FastAPI:
     """The agent API. `secret` is the agent secret the head holds (log proxy, fault
     injection); srun inside a job uses that job's step token, which only opens that job.
@@ -170,6 +173,19 @@ def create_app(
         except FaultRejected as e:
             raise HTTPException(422, str(e)) from None
         return Response(status_code=204)
+
+    @app.get(
+        "/v1/peer/head",
+        response_model=PeerHeadView,
+        responses={401: {"model": ErrorBody, "description": "missing or wrong peer secret"}},
+    )
+    def peer_head(authorization: Authorization = None) -> PeerHeadView:
+        """Another node's agent asks, its lease running out, how long ago the head answered
+        this one (docs/fault-tolerance.md#head-outages). Only with the head's peer secret."""
+        token = _bearer(authorization)
+        if token is None or head_seen is None or not head_seen.accepts(token):
+            raise HTTPException(401, "peers ask with the head's peer secret")
+        return head_seen.view()
 
     return app
 

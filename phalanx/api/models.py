@@ -440,6 +440,24 @@ class Assignment(Wire):
     mem_mb: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
 
 
+MAX_PEERS = 16  # peers per node in a desired state (the head sends at most 8)
+
+
+class Peer(Wire):
+    """Another node's agent, asked during a head outage (GET /v1/peer/head)."""
+
+    name: Name
+    agent_url: str
+
+
+class PeerHeadView(Wire):
+    """An agent's answer to a peer: how long ago the head last answered it (None: never
+    since it started), by its own monotonic clock."""
+
+    name: Name
+    head_age_s: float | None
+
+
 class DesiredState(Wire):
     version: Counter
     jobs: list[Assignment] = Field(max_length=MAX_LIST)
@@ -447,6 +465,14 @@ class DesiredState(Wire):
     lease_s: Annotated[Seconds, Field(gt=0)]  # the agent fences after this long unanswered
     kill_grace_s: Seconds
     health_ack: Counter = 0  # the highest GpuHealthEvent.seq of this node the head has handled
+    # Head outages (docs/fault-tolerance.md#head-outages): the agents this node asks "did
+    # you hear from the head?" when its lease runs out, the cluster-wide secret they accept
+    # (never given to jobs), the head's requeue margin and the longest outage jobs outlive.
+    # An empty `peers` keeps the old rule: fence when the lease runs out.
+    peers: list[Peer] = Field(default=[], max_length=MAX_PEERS)
+    peer_secret: Annotated[str, StringConstraints(max_length=256), NoNul] = ""
+    requeue_margin_s: Seconds = 0.0
+    max_outage_s: Seconds = 0.0
 
 
 # ----------------------------------------------------------------------------- auth admin

@@ -143,6 +143,15 @@ def head(
             min=0, max=2 * 1024 * 1024, help="Largest job spec, bytes of JSON (0: the body limit)."
         ),
     ] = 256 * 1024,
+    max_outage: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=7 * 86400,
+            help="Agents keep their jobs through a head outage (restart, pause, failover) "
+            "this long when their peers confirm the head is out (0: fence at the lease).",
+        ),
+    ] = 600.0,
 ) -> None:
     """Run the head: REST API, scheduler and state (blocks; Ctrl-C stops it).
 
@@ -173,6 +182,7 @@ def head(
         join_token_ttl_s=join_ttl,
         max_queued_per_user=max_queued_per_user,
         max_spec_bytes=max_spec_bytes,
+        max_outage_s=max_outage,
     )
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -316,6 +326,15 @@ def agent(
             show_default=False,
         ),
     ] = None,
+    max_outage: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=7 * 86400,
+            help="Keep jobs running through a head outage at most this long (the head's "
+            "--max-outage caps it; 0: fence when the lease runs out).",
+        ),
+    ] = 600.0,
 ) -> None:
     """Run an agent on this server: join the head, run the jobs it assigns (blocks)."""
     from phalanx.agent.main import AgentConfig, AgentError, run_agent
@@ -340,6 +359,7 @@ def agent(
         job_pids_max=job_pids_max or None,
         gpu_dev_dir=fake_gpu_dev_dir,
         ca_file=ca_file,
+        max_outage_s=max_outage,
     )
     try:
         run_agent(config)

@@ -3,15 +3,51 @@ preemption deadlines, hung jobs."""
 
 from __future__ import annotations
 
+import logging
+
+from phalanx.api.quorum import fresh_quorum
+from phalanx.head import peers
 from phalanx.head.lifecycle import begin_stop, notify, restart_or_end, settle
-from phalanx.head.mirror import Mirror, Tx
+from phalanx.head.mirror import Mirror, Settings, Tx
 from phalanx.head.records import JobRecord
 from phalanx.head.reports import NO_HEARTBEAT, WAS_DRAINED, set_node_state
 
 TIME_LIMIT_NOTICE = "time limit in "
 
 
-def tick(mirror: Mirror, tx: Tx, now: float) -> None:
+log = logging.getLogger("phalanx.head")
+
+
+def pause_threshold_s(settings: Settings) -> float:
+    """A gap between two ticks of the control loop longer than this means the head itself
+    was stopped (SIGSTOP, a long GC pause, a frozen VM), not that the nodes went quiet."""
+    return max(3 * settings.tick_s, min(settings.heartbeat_s, settings.lease_s / 4))
+
+
+class PauseWatch:
+    """Notices the control loop itself not running: fed the monotonic time of each tick,
+    it returns how long the loop stood still beyond its tick (0.0 when it did not)."""
+
+    def __init__(self, settings: Settings, start: float) -> None:
+        self.settings = settings
+        self.last = start
+
+    def paused(self, mono: float) -> float:
+        gap, self.last = mono - self.last, mono
+        late = gap - self.settings.tick_s
+        return late if late > pause_threshold_s(self.settings) else 0.0
+
+
+def tick(mirror: Mirror, tx: Tx, now: float, paused_s: float = 0.0) -> None:
+    """Everything time decides. `paused_s`: how long the control loop itself did not run
+    (its own monotonic clock jumped by more than `pause_threshold_s`): nobody is blamed
+    for silence the head could not hear."""
+    if paused_s > 0:
+        resume_after_pause(mirror, tx, now, paused_s)
+    stale = mirror.peers_at is None or not 0 <= now - mirror.peers_at < peers.REFRESH_S
+    if stale or len(mirror.peer_lists) != len(mirror.nodes):  # also as soon as a node joins
+        mirror.peer_lists = peers.pick(mirror)
+        mirror.peers_at = now
     for rec in list(mirror.jobs.values()):
         if rec.stopping is None and rec.start_time is not None and rec.state in ("R", "PR"):
             _time_limit(mirror, tx, rec, now)
@@ -22,6 +58,21 @@ def tick(mirror: Mirror, tx: Tx, now: float) -> None:
         if rec.stopping is None and rec.state == "R":
             _hang(mirror, tx, rec, now)
     _nodes(mirror, tx, now)
+
+
+def resume_after_pause(mirror: Mirror, tx: Tx, now: float, paused_s: float) -> None:
+    """The head was frozen for `paused_s`: like a head restarted on its database, it counts
+    no node's silence from before it ran again (every node gets a fresh lease: its agent
+    kept its jobs, or fenced them by itself), and no job's progress silence either."""
+    for node in mirror.nodes.values():
+        if node.last_heartbeat is not None:
+            node.last_heartbeat = max(node.last_heartbeat, now)
+    for rec in mirror.jobs.values():
+        for rank, at in rec.progress_at.items():
+            rec.progress_at[rank] = min(now, at + paused_s)
+    message = f"the head did not run for {paused_s:.1f} s; every node gets a fresh lease"
+    log.warning("%s", message)
+    tx.event(now, "head_paused", message)
 
 
 def _time_limit(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
@@ -74,6 +125,11 @@ def _nodes(mirror: Mirror, tx: Tx, now: float) -> None:
             set_node_state(mirror, tx, node, "down", reason, now, "node_down", reason)
         if node.state != "down" or silent <= s.lease_s + s.requeue_margin_s:
             continue
+        # Too few of its peers are heard either: it may be cut off with them, riding out
+        # what looks like a head outage to it; it fences by itself by the longest outage.
+        latest = max(s.lease_s, s.max_outage_s) + s.requeue_margin_s
+        if silent <= latest and not _peers_hear_head(mirror, node.name, now):
+            continue
         for job_id in sorted(mirror.node_jobs.get(node.name, set())):
             rec = mirror.jobs.get(job_id)
             if rec is None:
@@ -85,3 +141,20 @@ def _nodes(mirror: Mirror, tx: Tx, now: float) -> None:
             restart_or_end(
                 mirror, tx, rec, "NodeFail", message, now, end_as="node_fail", blame=node.name
             )
+
+
+def _peers_hear_head(mirror: Mirror, name: str, now: float) -> bool:
+    """Whether enough of `name`'s peers (as last sent to it) are heard from now that it
+    would have heard of the head from one of them and fenced (head/peers.py)."""
+    sent = mirror.peers_sent.get(name)
+    names = sent if sent is not None else mirror.peer_lists.get(name, [])
+    if not names:
+        return True  # it has no peers to ask: it fenced at its lease, as before
+    window = 2 * mirror.settings.heartbeat_s
+    fresh = 0
+    for other in names:
+        node = mirror.nodes.get(other)
+        last = node.last_heartbeat if node is not None else None
+        if node is not None and node.state != "down" and last is not None and now - last <= window:
+            fresh += 1
+    return fresh >= fresh_quorum(len(names))

@@ -127,6 +127,7 @@ class ControlThread:
     def _run(self) -> None:
         settings = self.mirror.settings
         next_tick = time.monotonic()
+        pauses = clock.PauseWatch(settings, next_tick)
         while not self._stopping:
             ops: list[_Op] = []
             wake = next_tick
@@ -143,9 +144,11 @@ class ControlThread:
             except queue.Empty:
                 pass
             tick = time.monotonic() >= next_tick
+            paused = 0.0
             if tick:
                 next_tick = time.monotonic() + settings.tick_s
-            self._batch(ops, tick)
+                paused = pauses.paused(time.monotonic())
+            self._batch(ops, tick, paused)
 
     def _connect(self) -> Connection:
         held, self._held = self._held, None
@@ -163,13 +166,13 @@ class ControlThread:
             self._held.close()
             self._held = None
 
-    def _batch(self, ops: list[_Op], tick: bool) -> None:
+    def _batch(self, ops: list[_Op], tick: bool, paused: float = 0.0) -> None:
         """Run `ops` (and the clock, the scheduler) in one transaction. An unexpected
         exception in one of them (a bug, bad data) is rolled back with the whole batch, the
         mirror is rebuilt from the database as a restart would, that operation is answered
         500, and the others run again: one poisoned request never stops the head."""
         while True:
-            failed, bad = self._try_batch(ops, tick)
+            failed, bad = self._try_batch(ops, tick, paused)
             if not failed:
                 return
             if bad is not None:
@@ -181,9 +184,10 @@ class ControlThread:
                 self._kicked = False
                 self._last_cycle = time.monotonic() + self.mirror.settings.tick_s
 
-    def _try_batch(self, ops: list[_Op], tick: bool) -> tuple[bool, _Op | None]:
+    def _try_batch(self, ops: list[_Op], tick: bool, paused: float) -> tuple[bool, _Op | None]:
         """One attempt of `_batch`: (False, None) when committed and answered; (True, op)
-        when `op` (None: the clock or the scheduler) raised and all was rolled back."""
+        when `op` (None: the clock or the scheduler) raised and all was rolled back.
+        `paused`: seconds the control thread itself was stopped (SIGSTOP, a frozen VM)."""
         tx = Tx(self._connect)
         results: list[tuple[_Op, Any, BaseException | None]] = []
         try:
@@ -199,7 +203,7 @@ class ControlThread:
                     current = None
                     now = time.time()
                     if tick:
-                        clock.tick(self.mirror, tx, now)
+                        clock.tick(self.mirror, tx, now, paused)
                     self._kicked = self._kicked or tx.kick or self.mirror.core_dirty
                     due = time.monotonic() >= self._last_cycle + CYCLE_MIN_INTERVAL_S
                     if tick or (self._kicked and due):

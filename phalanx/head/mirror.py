@@ -37,6 +37,9 @@ class Settings:
     join_token_ttl_s: float = 86400.0  # a join token, unless it asks; the first-start one
     max_queued_per_user: int = 10_000  # live jobs (PD, R, CG, PR) a user may have (0: no cap)
     max_spec_bytes: int = 256 * 1024  # a submitted JobSpec's JSON
+    # Agents keep their jobs through a head outage this long (when their peers confirm the
+    # head is out rather than they are cut off: docs/fault-tolerance.md#head-outages).
+    max_outage_s: float = 600.0
 
 
 @dataclass(slots=True)
@@ -57,6 +60,11 @@ class Mirror:
     version: int = 0
     live_per_user: dict[str, int] = field(default_factory=dict)  # user → jobs in `jobs`
     team_qos: dict[str, frozenset[str]] = field(default_factory=dict)  # teams that set one
+    # Head outages (head/peers.py): each node's peers as last computed, as last sent to it,
+    # and when they were computed (control-thread monotonic seconds).
+    peer_lists: dict[str, list[str]] = field(default_factory=dict)
+    peers_sent: dict[str, list[str]] = field(default_factory=dict)
+    peers_at: float | None = None
 
     def bump(self, tx: Tx, node: str) -> None:
         """What `node` must run changed: a new desired-state version wakes its long poll."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import ssl
 import time
 from collections.abc import Callable, Iterable
@@ -37,6 +38,11 @@ class Head:
         self.agent_verify: ssl.SSLContext | bool = True
         self.now: Callable[[], float] = time.time  # token expiry and node liveness read it
         control.on_commit = self._on_commit
+        # What agents accept from each other when they ask one another about the head during
+        # an outage (docs/fault-tolerance.md#head-outages). Each head has its own; agents
+        # also accept the one before, so a restarted head's agents still understand those
+        # that have not heard from it yet. Never given to jobs.
+        self.peer_secret = secrets.token_urlsafe(32)
 
     # ------------------------------------------------------------------ auth
     def authenticate(self, token: str | None) -> Principal:
@@ -395,6 +401,9 @@ class Head:
                     assignments.append(self._assignment(rec, name))
                 except ValidationError as e:  # stored before the API bounded it: fail it
                     self._unlaunchable(rec, name, e)
+            names = self.mirror.peer_lists.get(name, [])
+            self.mirror.peers_sent[name] = names  # what the head checks should it go silent
+            nodes = self.mirror.nodes
             return m.DesiredState(
                 version=node.version,
                 jobs=assignments,
@@ -402,6 +411,10 @@ class Head:
                 lease_s=s.lease_s,
                 kill_grace_s=s.kill_grace_s,
                 health_ack=node.health_seq,
+                peers=[m.Peer(name=p, agent_url=nodes[p].agent_url) for p in names if p in nodes],
+                peer_secret=self.peer_secret,
+                requeue_margin_s=s.requeue_margin_s,
+                max_outage_s=s.max_outage_s,
             )
 
     def _unlaunchable(self, rec: JobRecord, node: str, e: ValidationError) -> None:

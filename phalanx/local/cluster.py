@@ -246,8 +246,8 @@ class LocalCluster:
         self._url = self._wait_listening(self._head, start_offset, deadline)
         self._wait_healthy(deadline)
 
-    def _agent_proc(self, address: str) -> _Proc:
-        argv = [*self._phalanx(), "agent", "--head", self.url, "--address", address]
+    def _agent_proc(self, address: str, head_url: str | None = None) -> _Proc:
+        argv = [*self._phalanx(), "agent", "--head", head_url or self.url, "--address", address]
         argv += ["--name", address, "--port", "0"]
         argv += ["--fake-gpus", str(self.gpus_per_node), "--gpu-model", self.gpu_model]
         argv += ["--state-dir", str(self.state_dir / f"agent-{address}"), *self.agent_args]
@@ -267,6 +267,12 @@ class LocalCluster:
         status = self._head.popen.wait(timeout=30)
         self._head.close_log()
         return status
+
+    def signal_head(self, sig: int) -> None:
+        """Send `sig` to the head without waiting (SIGSTOP freezes it, SIGCONT thaws it)."""
+        if self._head is None:
+            raise ClusterError("the cluster is not started")
+        self._head.signal_group(sig)
 
     def restart_head(self) -> None:
         """Start the head again on its state dir, database and port (after kill_head)."""
@@ -302,13 +308,14 @@ class LocalCluster:
                 killed.append(pid)
         return killed
 
-    def start_agent(self, address: str) -> None:
-        """Start the agent of `address` again (after crash_node or a SIGKILL)."""
+    def start_agent(self, address: str, head_url: str | None = None) -> None:
+        """Start the agent of `address` again (after crash_node or a SIGKILL); `head_url`:
+        reach the head there instead (a proxy, in tests of a cut-off node)."""
         index = self.addresses.index(address)
         old = self._agents[index]
         if old.alive():
             raise ClusterError(f"the agent of {address} is still running")
-        self._agents[index] = self._agent_proc(address)
+        self._agents[index] = self._agent_proc(address, head_url)
 
     def _agent(self, address: str) -> _Proc:
         if address not in self.addresses or len(self._agents) != len(self.addresses):
