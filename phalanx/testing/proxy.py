@@ -9,14 +9,17 @@ import threading
 
 
 class TcpProxy:
-    """Listens on `host`:free port (`url`), forwards each connection to `target`."""
+    """Listens on `host`:free port (`url`, with `scheme`: TLS passes through untouched),
+    forwards each connection to `target`."""
 
-    def __init__(self, target: tuple[str, int], host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, target: tuple[str, int], host: str = "127.0.0.1", scheme: str = "http"
+    ) -> None:
         self.target = target
         self._cut = threading.Event()
         self._closed = threading.Event()
         self._listener = socket.create_server((host, 0))
-        self.url = f"http://{host}:{self._listener.getsockname()[1]}"
+        self.url = f"{scheme}://{host}:{self._listener.getsockname()[1]}"
         self._held: list[socket.socket] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()

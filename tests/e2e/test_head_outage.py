@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -138,8 +139,9 @@ def test_a_node_cut_off_from_the_head_alone_fences_before_its_job_is_requeued(
     cluster: LocalCluster, api: PhalanxClient, workdir: Path
 ) -> None:
     node, others = cluster.addresses[0], cluster.addresses[1:]
-    host, port = cluster.url.removeprefix("http://").split(":")
-    proxy = TcpProxy((host, int(port)))
+    head = urlsplit(cluster.url)
+    assert head.hostname is not None and head.port is not None
+    proxy = TcpProxy((head.hostname, head.port), scheme=head.scheme)
     try:
         cluster.signal_agent(node, signal.SIGTERM)
         wait_for("the agent to stop", lambda: not cluster.agent_alive(node) or None, 30)
