@@ -12,6 +12,7 @@ from types import FrameType
 from typing import TextIO
 from urllib.parse import urlencode, urlsplit
 
+from phalanx.api import version
 from phalanx.api.models import LogChunk, StepLaunch, StepStatus
 
 from .stepplan import JobContext, NodeTasks, SrunError
@@ -33,7 +34,11 @@ class Http:
     """Minimal keep-alive HTTP client (stdlib: srun starts fast inside job scripts)."""
 
     def __init__(self, token: str) -> None:
-        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self.headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            **version.headers(),
+        }
         self.conns: dict[str, http.client.HTTPConnection] = {}
 
     def request(

@@ -31,9 +31,20 @@ Name = Annotated[
 
 
 class Wire(BaseModel):
-    """Base of every wire model: unknown fields are an error, types are not coerced."""
+    """Base of every wire model: unknown fields are an error, types are not coerced. What
+    a user writes (a JobSpec, an admin request) stays so: a misspelt field must be an
+    error, not a setting silently left at its default."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Lenient(Wire):
+    """Base of what programs send each other (head ↔ agent, srun ↔ agent, a job's
+    progress) and of every answer: unknown fields are ignored, so a peer one minor API
+    version ahead (phalanx.api.version) may add fields during a rolling upgrade. Types
+    stay strict."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
 
 # ----------------------------------------------------------------------------- job spec
@@ -104,20 +115,20 @@ class JobSpec(Wire):
     hang_timeout_s: Annotated[int, Field(ge=0, le=7 * 86400)] | None = None  # 0: off
 
 
-class SubmitResponse(Wire):
+class SubmitResponse(Lenient):
     job_ids: list[int]  # one id, or one per array task
     array_job_id: int | None = None
     warnings: list[str] = Field(default_factory=list)  # not `[]`: that is deep-copied each time
 
 
 # ----------------------------------------------------------------------------- job views
-class RankPlacement(Wire):
+class RankPlacement(Lenient):
     node: str
     address: str
     gpus: list[int]  # GPU indices on that node
 
 
-class JobInfo(Wire):
+class JobInfo(Lenient):
     id: int
     name: str
     user: str
@@ -144,14 +155,14 @@ class JobInfo(Wire):
     workdir: str
 
 
-class JobEvent(Wire):
+class JobEvent(Lenient):
     time: float
     kind: str  # submitted, started, requeued, preempted, cancelled, ended, node_down, ...
     message: str
     node: str | None = None
 
 
-class JobProgress(Wire):
+class JobProgress(Lenient):
     """A training progress report a job posts (phalanx.train does, with its step token)."""
 
     rank: Annotated[int, Field(ge=0)]
@@ -162,7 +173,7 @@ class JobProgress(Wire):
     time: float
 
 
-class JobDetail(Wire):
+class JobDetail(Lenient):
     job: JobInfo
     spec: JobSpec = Field(
         description="the spec as submitted (`team` empty: the submitter's default); "
@@ -172,11 +183,11 @@ class JobDetail(Wire):
     progress: list[JobProgress] = []  # the latest report of each reporting rank (live jobs)
 
 
-class JobList(Wire):
+class JobList(Lenient):
     jobs: list[JobInfo]
 
 
-class JobTable(Wire):
+class JobTable(Lenient):
     """`GET /v1/jobs?format=table`: the same jobs as JobList, each a row of JobInfo's
     values in `columns`' order (half the bytes at 10,000 jobs; what `phalanx queue` reads)."""
 
@@ -190,7 +201,7 @@ class CancelRequest(Wire):
     signal: SignalName | None = None
 
 
-class LogChunk(Wire):
+class LogChunk(Lenient):
     job_id: int
     rank: int
     stream: Literal["stdout", "stderr"]
@@ -201,14 +212,14 @@ class LogChunk(Wire):
 
 
 # ----------------------------------------------------------------------------- nodes
-class GpuInfo(Wire):
+class GpuInfo(Lenient):
     index: int
     uuid: str
     model: str
     memory_mb: int
 
 
-class GpuTelemetry(Wire):
+class GpuTelemetry(Lenient):
     index: int
     utilization_pct: float | None = None
     memory_used_mb: int | None = None
@@ -216,7 +227,7 @@ class GpuTelemetry(Wire):
     power_w: float | None = None
 
 
-class NodeInfo(Wire):
+class NodeInfo(Lenient):
     name: str
     address: str
     agent_url: str
@@ -232,7 +243,7 @@ class NodeInfo(Wire):
     jobs: list[int]
 
 
-class NodeList(Wire):
+class NodeList(Lenient):
     nodes: list[NodeInfo]
 
 
@@ -241,7 +252,7 @@ class DrainRequest(Wire):
 
 
 # ----------------------------------------------------------------------------- agent wire
-class RegisterRequest(Wire):
+class RegisterRequest(Lenient):
     """An agent joins with a join token and gets back a per-node credential."""
 
     name: Name
@@ -254,13 +265,13 @@ class RegisterRequest(Wire):
     labels: dict[Name, Name] = {}
 
 
-class RegisterResponse(Wire):
+class RegisterResponse(Lenient):
     node_token: str
     heartbeat_s: float
     lease_s: float
 
 
-class ProcessStatus(Wire):
+class ProcessStatus(Lenient):
     """One rank (or the batch script) the agent started, as the agent sees it now."""
 
     job_id: int
@@ -278,7 +289,7 @@ class ProcessStatus(Wire):
     lost: bool = False
 
 
-class GpuHealthEvent(Wire):
+class GpuHealthEvent(Lenient):
     """Something the agent saw go wrong with a GPU (NVML, or injected on fake GPUs). Sent in
     every heartbeat until the head acknowledges its `seq` (DesiredState.health_ack)."""
 
@@ -290,14 +301,14 @@ class GpuHealthEvent(Wire):
     message: str
 
 
-class NodeHealth(Wire):
+class NodeHealth(Lenient):
     events: list[GpuHealthEvent] = []  # not yet acknowledged, oldest first
     # The first line of output of the first failing health-check script (NHC style:
     # exit 0 is healthy); None while every check passes.
     check_failure: str | None = None
 
 
-class Heartbeat(Wire):
+class Heartbeat(Lenient):
     """The agent's report. `version` is the desired-state version it last applied; with
     `wait_s` > 0 the head holds the answer until that version changes (long poll)."""
 
@@ -310,7 +321,7 @@ class Heartbeat(Wire):
     health: NodeHealth = NodeHealth()
 
 
-class Notice(Wire):
+class Notice(Lenient):
     """A signal the agent delivers once to a job's processes: a preemption notice, a time
     limit's `--signal`, or `phalanx cancel --signal`."""
 
@@ -320,7 +331,7 @@ class Notice(Wire):
     reason: str
 
 
-class Assignment(Wire):
+class Assignment(Lenient):
     """One job this node must run, with everything needed to launch its local ranks."""
 
     job_id: int
@@ -358,7 +369,7 @@ class Assignment(Wire):
     notices: list[Notice] = []
 
 
-class DesiredState(Wire):
+class DesiredState(Lenient):
     version: int
     jobs: list[Assignment]
     heartbeat_s: float
@@ -368,7 +379,7 @@ class DesiredState(Wire):
 
 
 # ----------------------------------------------------------------------------- auth admin
-class WhoAmI(Wire):
+class WhoAmI(Lenient):
     user: str
     role: Role
     teams: list[str]
@@ -383,7 +394,7 @@ class UserCreate(Wire):
     default_team: Name | None = None
 
 
-class UserInfo(Wire):
+class UserInfo(Lenient):
     name: str
     admin: bool
     teams: list[str]
@@ -391,7 +402,7 @@ class UserInfo(Wire):
     default_team: str | None
 
 
-class UserList(Wire):
+class UserList(Lenient):
     users: list[UserInfo]
 
 
@@ -400,14 +411,14 @@ class TokenCreate(Wire):
     description: Annotated[str, StringConstraints(max_length=200)] = ""
 
 
-class TokenIssued(Wire):
+class TokenIssued(Lenient):
     id: int
     token: str  # shown once; only its hash is stored
     user: str | None
     kind: Literal["api", "join"]
 
 
-class TokenInfo(Wire):
+class TokenInfo(Lenient):
     id: int
     user: str | None
     kind: Literal["api", "join", "node"]
@@ -417,7 +428,7 @@ class TokenInfo(Wire):
     revoked: bool
 
 
-class TokenList(Wire):
+class TokenList(Lenient):
     tokens: list[TokenInfo]
 
 
@@ -429,7 +440,7 @@ class TeamSpec(Wire):
     weight: Annotated[float, Field(gt=0)] | None = None
 
 
-class TeamInfo(Wire):
+class TeamInfo(Lenient):
     name: str
     quota_gpus: int | None
     cohort: str | None
@@ -439,15 +450,15 @@ class TeamInfo(Wire):
     members: list[str]
 
 
-class TeamList(Wire):
+class TeamList(Lenient):
     teams: list[TeamInfo]
 
 
-class ErrorBody(Wire):
+class ErrorBody(Lenient):
     detail: str
 
 
-class Health(Wire):
+class Health(Lenient):
     status: Literal["ok"]
     version: str
     # A standby head (PostgreSQL leader election, docs/high-availability.md) answers
@@ -456,7 +467,7 @@ class Health(Wire):
 
 
 # ----------------------------------------------------------------------------- srun steps
-class StepTask(Wire):
+class StepTask(Lenient):
     task_id: int  # SLURM_PROCID within the step
     local_id: int  # SLURM_LOCALID
     node_id: int  # SLURM_NODEID
@@ -464,14 +475,14 @@ class StepTask(Wire):
     env: dict[str, str] = {}  # srun's own environment, forwarded
 
 
-class StepLaunch(Wire):
+class StepLaunch(Lenient):
     job_id: int
     step_id: int
     workdir: str
     tasks: list[StepTask] = Field(min_length=1)
 
 
-class StepTaskStatus(Wire):
+class StepTaskStatus(Lenient):
     task_id: int
     pid: int | None
     running: bool
@@ -479,7 +490,7 @@ class StepTaskStatus(Wire):
     signal: int | None = None
 
 
-class StepStatus(Wire):
+class StepStatus(Lenient):
     job_id: int
     step_id: int
     tasks: list[StepTaskStatus]

@@ -106,7 +106,13 @@ class Reporter:
         import httpx  # here, not at import: it costs every training process ~0.3 s
 
         assert self.url is not None
-        headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
+        from phalanx.api import version
+
+        headers = {
+            "Authorization": f"Bearer {self._token}",
+            "Content-Type": "application/json",
+            **version.headers(),
+        }
         with httpx.Client(timeout=self._timeout) as client:
             while (item := self._queue.get()) is not None:
                 self._post(client, headers, asdict(item))
