@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Header, HTTPException, Query, Response
 
 from phalanx import __version__
+from phalanx.api.asgi import ApiVersion, BearerGate, BodyLimit, bearer_token
 from phalanx.api.models import (
     ErrorBody,
     FaultInjection,
@@ -33,6 +34,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 Authorization = Annotated[str | None, Header()]
 Offset = Annotated[int, Query(ge=0)]
+# The largest request body the agent reads (an srun step launch with its environment is
+# the largest, a few KiB per task); larger ones get 413 unread.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+OPEN_PATHS = frozenset({"/healthz"})
 
 
 def create_app(
@@ -47,9 +52,24 @@ def create_app(
     `inject` records a fault on fake GPUs (FakeProvider.inject); None: real GPUs."""
     app = FastAPI(title="Phalanx agent", version=__version__)
 
+    def known(token: str) -> bool:
+        """Whether `token` is the agent secret or the step token of a job it runs."""
+        desired = reconciler.desired()
+        found = hmac.compare_digest(token.encode(), secret.encode())
+        for a in desired.jobs if desired else []:
+            found |= hmac.compare_digest(token.encode(), a.step_token.encode())
+        return found
+
+    # In front of the routes, outermost last: the version check, then the token (401
+    # before any body is read: an unauthenticated flood costs the agent no memory, so it
+    # cannot starve the heartbeat), then the body limit (413 unread, or once past it).
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(BearerGate, known=known, open_paths=OPEN_PATHS)
+    app.add_middleware(ApiVersion, me="agent")
+
     def check(authorization: str | None, job_id: int, *, secret_ok: bool = True) -> None:
         """401 for no/unknown token, 403 for another job's step token."""
-        token = _bearer(authorization)
+        token = bearer_token(authorization)
         if token is None:
             raise HTTPException(401, "missing Authorization: Bearer token")
         if secret_ok and hmac.compare_digest(token, secret):
@@ -137,7 +157,7 @@ def create_app(
         },
     )
     def inject_fault(fault: FaultInjection, authorization: Authorization = None) -> Response:
-        token = _bearer(authorization)
+        token = bearer_token(authorization)
         if token is None or not hmac.compare_digest(token.encode(), secret.encode()):
             raise HTTPException(401, "faults are injected by the head, with the agent secret")
         if inject is None:
@@ -153,15 +173,6 @@ def create_app(
         return Response(status_code=204)
 
     return app
-
-
-def _bearer(authorization: str | None) -> str | None:
-    if authorization is None:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return token.strip() or None
 
 
 def _chunk(
