@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -92,8 +93,6 @@ def serve(
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per log proxy call
-    url = f"http://{host}:{port}"
-    settings = replace(settings or Settings(), public_url=url)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     database = db_url or db.default_url(state_dir)
     election: leader.Election | None = None
@@ -107,6 +106,12 @@ def serve(
     except (leader.AlreadyRunning, leader.ElectionError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    # Bound here, not by uvicorn: with --port 0 the kernel picks the port, and the URL the
+    # head announces (and gives jobs as PHALANX_HEAD) must name that port, not 0.
+    sock = _listen(host, port)
+    port = sock.getsockname()[1]
+    url = f"http://{host}:{port}"
+    settings = replace(settings or Settings(), public_url=url)
     head = Head(ControlThread(db.make_engine(database), settings))
     role = leader.Role(leader=False)
     if leading:
@@ -141,7 +146,7 @@ def serve(
     threading.Thread(target=announce, daemon=True).start()
     _tune_gc()
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         if role.leader:
             head.control.stop()
@@ -150,6 +155,18 @@ def serve(
     if not server.started:
         print(f"error: the head could not listen on {host}:{port}", file=sys.stderr)
         raise SystemExit(1)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The API's listening socket (exit 1 with the reason if it cannot be had)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as e:
+        print(
+            f"error: the head could not listen on {host}:{port}: {e.strerror or e}", file=sys.stderr
+        )
+        raise SystemExit(1) from None
 
 
 # Young-generation size of the cyclic garbage collector (Python's default: 700 objects).
