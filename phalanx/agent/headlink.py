@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from phalanx.api import version
 from phalanx.api.models import (
     Heartbeat,
     NodeHealth,
@@ -182,6 +183,9 @@ class HeadLink:
             )
         except httpx.HTTPError as e:
             return await self._next_head(f"cannot reach the head at {self.head_url}: {e}")
+        skew = _skew(r, self.head_url)
+        if skew is not None:
+            raise JoinRefused(f"the head refused to register this agent: {skew}")
         if r.status_code == 503:
             return await self._next_head(f"the head at {self.head_url}: {_detail(r)}")
         if own is not None and r.status_code in (401, 403):
@@ -266,6 +270,9 @@ class HeadLink:
             r = post.result()
         except httpx.HTTPError as e:
             return await self._next_head(f"cannot reach the head at {self.head_url}: {e}")
+        skew = _skew(r, self.head_url)
+        if skew is not None:  # a head upgraded to another major under us: nothing to do
+            return await self._failed(skew)
         if r.status_code == 503:
             return await self._next_head(f"the head at {self.head_url}: {_detail(r)}")
         self._misses = 0
@@ -527,7 +534,16 @@ def _write_credential(path: Path, token: str) -> None:
 
 
 def _headers(token: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    return {
+        "Authorization": f"Bearer {token}",
+        "Content-Type": "application/json",
+        **version.headers(),
+    }
+
+
+def _skew(r: httpx.Response, head_url: str) -> str | None:
+    """Why this head's API version cannot talk to this agent's (None: it can)."""
+    return version.mismatch(r.headers.get(version.HEADER), me="agent", them=f"head at {head_url}")
 
 
 def _detail(r: httpx.Response) -> str:

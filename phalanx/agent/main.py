@@ -17,6 +17,7 @@ from pathlib import Path
 import uvicorn
 from pydantic import ValidationError
 
+from phalanx import pidlock
 from phalanx.api.models import MAX_CONFINEMENT, RegisterRequest
 from phalanx.tls import TLSError, client_context
 
@@ -37,6 +38,7 @@ from .tlsserve import AgentTLS
 
 log = logging.getLogger(__name__)
 NODE_CREDENTIAL_FILE = "node.token"  # the node credential, kept across restarts (0600)
+LOCK_FILE = "agent.lock"  # in the state dir: one agent per state dir
 
 
 class AgentError(RuntimeError):
@@ -87,11 +89,30 @@ def run_agent(cfg: AgentConfig, stop: threading.Event | None = None) -> None:
         _check_head_urls(cfg.head_url)
         _check_health_settings(cfg)
         ca_pem = _read_ca(cfg.ca_file)
-        asyncio.run(_run(cfg, stop, ca_pem))
+        with _state_lock(cfg.state_dir):
+            asyncio.run(_run(cfg, stop, ca_pem))
     except (GpuError, JoinRefused) as e:
         raise AgentError(str(e)) from e
     finally:
         os.umask(umask)
+
+
+@contextlib.contextmanager
+def _state_lock(state_dir: Path) -> Iterator[None]:
+    """Hold `<state-dir>/agent.lock` while the agent runs. A second agent on the same state
+    dir would take the first one's job processes for a dead agent's leftovers and kill
+    them, and both would write the same lease file: it is refused instead."""
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        held = pidlock.lock(state_dir, LOCK_FILE, "agent")
+    except pidlock.AlreadyRunning as e:
+        raise AgentError(f"{e}; stop it first, or give this agent its own --state-dir") from None
+    except OSError as e:
+        raise AgentError(f"cannot use the state dir {state_dir}: {e.strerror or e}") from None
+    try:
+        yield
+    finally:
+        held.close()
 
 
 async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str | None) -> None:

@@ -12,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from phalanx import __version__
+from phalanx.api.asgi import ApiVersion, BearerGate, BodyLimit, bearer_token
 from phalanx.api.models import (
     MAX_INT32,
     MAX_INT64,
@@ -43,6 +44,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 Authorization = Annotated[str | None, Header()]
 Offset = Annotated[int, Query(ge=0, le=MAX_INT64)]  # a file offset (seek takes 64 bits)
+# The largest request body the agent reads (an srun step launch with its environment is
+# the largest, a few KiB per task); larger ones get 413 unread.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+OPEN_PATHS = frozenset({"/healthz"})
 
 
 def create_app(
@@ -67,9 +72,25 @@ def create_app(
             parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
         return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid"})
 
+    def known(token: str) -> bool:
+        """Whether `token` is the agent secret, the step token of a job it runs, or the
+        head's peer secret (other agents asking during a head outage)."""
+        desired = reconciler.desired()
+        found = hmac.compare_digest(token.encode(), secret.encode())
+        for a in desired.jobs if desired else []:
+            found |= hmac.compare_digest(token.encode(), a.step_token.encode())
+        return found or (head_seen is not None and head_seen.accepts(token))
+
+    # In front of the routes, outermost last: the version check, then the token (401
+    # before any body is read: an unauthenticated flood costs the agent no memory, so it
+    # cannot starve the heartbeat), then the body limit (413 unread, or once past it).
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    app.add_middleware(BearerGate, known=known, open_paths=OPEN_PATHS)
+    app.add_middleware(ApiVersion, me="agent")
+
     def check(authorization: str | None, job_id: int, *, secret_ok: bool = True) -> None:
         """401 for no/unknown token, 403 for another job's step token."""
-        token = _bearer(authorization)
+        token = bearer_token(authorization)
         if token is None:
             raise HTTPException(401, "missing Authorization: Bearer token")
         if secret_ok and hmac.compare_digest(token, secret):
@@ -159,7 +180,7 @@ def create_app(
         },
     )
     def inject_fault(fault: FaultInjection, authorization: Authorization = None) -> Response:
-        token = _bearer(authorization)
+        token = bearer_token(authorization)
         if token is None or not hmac.compare_digest(token.encode(), secret.encode()):
             raise HTTPException(401, "faults are injected by the head, with the agent secret")
         if inject is None:
@@ -182,21 +203,12 @@ def create_app(
     def peer_head(authorization: Authorization = None) -> PeerHeadView:
         """Another node's agent asks, its lease running out, how long ago the head answered
         this one (docs/fault-tolerance.md#head-outages). Only with the head's peer secret."""
-        token = _bearer(authorization)
+        token = bearer_token(authorization)
         if token is None or head_seen is None or not head_seen.accepts(token):
             raise HTTPException(401, "peers ask with the head's peer secret")
         return head_seen.view()
 
     return app
-
-
-def _bearer(authorization: str | None) -> str | None:
-    if authorization is None:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer":
-        return None
-    return token.strip() or None
 
 
 def _chunk(

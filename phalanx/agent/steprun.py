@@ -13,6 +13,7 @@ from types import FrameType
 from typing import TextIO
 from urllib.parse import urlencode, urlsplit
 
+from phalanx.api import version
 from phalanx.api.models import LogChunk, StepLaunch, StepStatus
 from phalanx.tls import CA_PEM_ENV
 
@@ -36,7 +37,11 @@ class Http:
     serving TLS are checked against `ca_pem` (PHALANX_CA_PEM: the cluster's CA)."""
 
     def __init__(self, token: str, ca_pem: str | None = None) -> None:
-        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self.headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            **version.headers(),
+        }
         self.conns: dict[str, http.client.HTTPConnection] = {}
         self._ca_pem = ca_pem
         self._tls: ssl.SSLContext | None = None

@@ -78,9 +78,20 @@ Measure = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
 
 
 class Wire(BaseModel):
-    """Base of every wire model: unknown fields are an error, types are not coerced."""
+    """Base of every wire model: unknown fields are an error, types are not coerced. What
+    a user writes (a JobSpec, an admin request) stays so: a misspelt field must be an
+    error, not a setting silently left at its default."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Lenient(Wire):
+    """Base of what programs send each other (head ↔ agent, srun ↔ agent, a job's
+    progress) and of every answer: unknown fields are ignored, so a peer one minor API
+    version ahead (phalanx.api.version) may add fields during a rolling upgrade. Types
+    stay strict."""
+
+    model_config = ConfigDict(extra="ignore", strict=True, frozen=True)
 
 
 # ----------------------------------------------------------------------------- job spec
@@ -157,20 +168,20 @@ class JobSpec(Wire):
     hang_timeout_s: Annotated[int, Field(ge=0, le=7 * 86400)] | None = None  # 0: off
 
 
-class SubmitResponse(Wire):
+class SubmitResponse(Lenient):
     job_ids: list[int]  # one id, or one per array task
     array_job_id: int | None = None
     warnings: list[str] = Field(default_factory=list)  # not `[]`: that is deep-copied each time
 
 
 # ----------------------------------------------------------------------------- job views
-class RankPlacement(Wire):
+class RankPlacement(Lenient):
     node: str
     address: str
     gpus: list[int]  # GPU indices on that node
 
 
-class JobInfo(Wire):
+class JobInfo(Lenient):
     id: int
     name: str
     user: str
@@ -197,14 +208,14 @@ class JobInfo(Wire):
     workdir: str
 
 
-class JobEvent(Wire):
+class JobEvent(Lenient):
     time: float
     kind: str  # submitted, started, requeued, preempted, cancelled, ended, node_down, ...
     message: str
     node: str | None = None
 
 
-class JobProgress(Wire):
+class JobProgress(Lenient):
     """A training progress report a job posts (phalanx.train does, with its step token)."""
 
     rank: Count
@@ -215,7 +226,7 @@ class JobProgress(Wire):
     time: UnixTime
 
 
-class JobDetail(Wire):
+class JobDetail(Lenient):
     job: JobInfo
     spec: JobSpec = Field(
         description="the spec as submitted (`team` empty: the submitter's default); "
@@ -228,11 +239,11 @@ class JobDetail(Wire):
     env_hidden: bool = False
 
 
-class JobList(Wire):
+class JobList(Lenient):
     jobs: list[JobInfo]
 
 
-class JobTable(Wire):
+class JobTable(Lenient):
     """`GET /v1/jobs?format=table`: the same jobs as JobList, each a row of JobInfo's
     values in `columns`' order (half the bytes at 10,000 jobs; what `phalanx queue` reads)."""
 
@@ -246,7 +257,7 @@ class CancelRequest(Wire):
     signal: SignalName | None = None
 
 
-class LogChunk(Wire):
+class LogChunk(Lenient):
     job_id: int
     rank: int
     stream: Literal["stdout", "stderr"]
@@ -257,14 +268,14 @@ class LogChunk(Wire):
 
 
 # ----------------------------------------------------------------------------- nodes
-class GpuInfo(Wire):
+class GpuInfo(Lenient):
     index: GpuIndex
     uuid: Annotated[str, StringConstraints(max_length=256), NoNul]
     model: Annotated[str, StringConstraints(max_length=256), NoNul]
     memory_mb: Count
 
 
-class GpuTelemetry(Wire):
+class GpuTelemetry(Lenient):
     index: GpuIndex
     utilization_pct: Measure | None = None
     memory_used_mb: Count | None = None
@@ -272,7 +283,7 @@ class GpuTelemetry(Wire):
     power_w: Measure | None = None
 
 
-class NodeInfo(Wire):
+class NodeInfo(Lenient):
     name: str
     address: str
     agent_url: str
@@ -290,7 +301,7 @@ class NodeInfo(Wire):
     confinement: str = "unknown"
 
 
-class NodeList(Wire):
+class NodeList(Lenient):
     nodes: list[NodeInfo]
 
 
@@ -299,7 +310,7 @@ class DrainRequest(Wire):
 
 
 # ----------------------------------------------------------------------------- agent wire
-class RegisterRequest(Wire):
+class RegisterRequest(Lenient):
     """An agent joins with a join token and gets back a per-node credential."""
 
     name: Name
@@ -317,7 +328,7 @@ class RegisterRequest(Wire):
     csr: Pem | None = None
 
 
-class RegisterResponse(Wire):
+class RegisterResponse(Lenient):
     node_token: Token
     heartbeat_s: Annotated[Seconds, Field(gt=0)]
     lease_s: Annotated[Seconds, Field(gt=0)]
@@ -325,7 +336,7 @@ class RegisterResponse(Wire):
     agent_cert: Pem | None = None
 
 
-class ProcessStatus(Wire):
+class ProcessStatus(Lenient):
     """One rank (or the batch script) the agent started, as the agent sees it now."""
 
     job_id: JobId
@@ -349,7 +360,7 @@ class ProcessStatus(Wire):
     launch_error: Message | None = None
 
 
-class GpuHealthEvent(Wire):
+class GpuHealthEvent(Lenient):
     """Something the agent saw go wrong with a GPU (NVML, or injected on fake GPUs). Sent in
     every heartbeat until the head acknowledges its `seq` (DesiredState.health_ack)."""
 
@@ -361,14 +372,14 @@ class GpuHealthEvent(Wire):
     message: Message
 
 
-class NodeHealth(Wire):
+class NodeHealth(Lenient):
     events: list[GpuHealthEvent] = Field(default=[], max_length=1024)  # unacked, oldest first
     # The first line of output of the first failing health-check script (NHC style:
     # exit 0 is healthy); None while every check passes.
     check_failure: Message | None = None
 
 
-class Heartbeat(Wire):
+class Heartbeat(Lenient):
     """The agent's report. `version` is the desired-state version it last applied; with
     `wait_s` > 0 the head holds the answer until that version changes (long poll)."""
 
@@ -385,7 +396,7 @@ class Heartbeat(Wire):
     health: NodeHealth = NodeHealth()
 
 
-class Notice(Wire):
+class Notice(Lenient):
     """A signal the agent delivers once to a job's processes: a preemption notice, a time
     limit's `--signal`, or `phalanx cancel --signal`."""
 
@@ -395,7 +406,7 @@ class Notice(Wire):
     reason: Text
 
 
-class Assignment(Wire):
+class Assignment(Lenient):
     """One job this node must run, with everything needed to launch its local ranks."""
 
     job_id: JobId
@@ -443,14 +454,14 @@ class Assignment(Wire):
 MAX_PEERS = 16  # peers per node in a desired state (the head sends at most 8)
 
 
-class Peer(Wire):
+class Peer(Lenient):
     """Another node's agent, asked during a head outage (GET /v1/peer/head)."""
 
     name: Name
     agent_url: str
 
 
-class PeerHeadView(Wire):
+class PeerHeadView(Lenient):
     """An agent's answer to a peer: how long ago the head last answered it (None: never
     since it started), by its own monotonic clock."""
 
@@ -458,7 +469,7 @@ class PeerHeadView(Wire):
     head_age_s: float | None
 
 
-class DesiredState(Wire):
+class DesiredState(Lenient):
     version: Counter
     jobs: list[Assignment] = Field(max_length=MAX_LIST)
     heartbeat_s: Annotated[Seconds, Field(gt=0)]
@@ -476,7 +487,7 @@ class DesiredState(Wire):
 
 
 # ----------------------------------------------------------------------------- auth admin
-class WhoAmI(Wire):
+class WhoAmI(Lenient):
     user: str
     role: Role
     teams: list[str]
@@ -494,7 +505,7 @@ class UserCreate(Wire):
     gid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
 
 
-class UserInfo(Wire):
+class UserInfo(Lenient):
     name: str
     admin: bool
     teams: list[str]
@@ -517,7 +528,7 @@ class UserUpdate(Wire):
     qos: list[Name] | None = Field(default=None, max_length=64)
 
 
-class UserList(Wire):
+class UserList(Lenient):
     users: list[UserInfo]
 
 
@@ -548,7 +559,7 @@ class JoinTokenCreate(Wire):
     )
 
 
-class TokenIssued(Wire):
+class TokenIssued(Lenient):
     id: int
     token: str  # shown once; only its hash is stored
     user: str | None
@@ -556,7 +567,7 @@ class TokenIssued(Wire):
     expires: float | None = None  # unix seconds; None: never
 
 
-class TokenInfo(Wire):
+class TokenInfo(Lenient):
     id: int
     user: str | None
     kind: Literal["api", "join", "node"]
@@ -571,7 +582,7 @@ class TokenInfo(Wire):
     addresses: list[str] = []  # a join token's address bindings
 
 
-class TokenList(Wire):
+class TokenList(Lenient):
     tokens: list[TokenInfo]
 
 
@@ -585,7 +596,7 @@ class TeamSpec(Wire):
     qos: list[Name] | None = Field(default=None, max_length=64)
 
 
-class TeamInfo(Wire):
+class TeamInfo(Lenient):
     name: str
     quota_gpus: int | None
     cohort: str | None
@@ -596,15 +607,15 @@ class TeamInfo(Wire):
     members: list[str]
 
 
-class TeamList(Wire):
+class TeamList(Lenient):
     teams: list[TeamInfo]
 
 
-class ErrorBody(Wire):
+class ErrorBody(Lenient):
     detail: str
 
 
-class Health(Wire):
+class Health(Lenient):
     status: Literal["ok"]
     version: str
     # A standby head (PostgreSQL leader election, docs/high-availability.md) answers
@@ -616,7 +627,7 @@ class Health(Wire):
 
 
 # ----------------------------------------------------------------------------- srun steps
-class StepTask(Wire):
+class StepTask(Lenient):
     task_id: Count  # SLURM_PROCID within the step
     local_id: Count  # SLURM_LOCALID
     node_id: Annotated[int, Field(ge=0, lt=MAX_NODES)]  # SLURM_NODEID
@@ -625,14 +636,14 @@ class StepTask(Wire):
     env: Annotated[dict[EnvKey, EnvValue], Field(max_length=MAX_LIST)] = {}
 
 
-class StepLaunch(Wire):
+class StepLaunch(Lenient):
     job_id: JobId
     step_id: Count
     workdir: PathText
     tasks: list[StepTask] = Field(min_length=1, max_length=4096)
 
 
-class StepTaskStatus(Wire):
+class StepTaskStatus(Lenient):
     task_id: int
     pid: int | None
     running: bool
@@ -640,7 +651,7 @@ class StepTaskStatus(Wire):
     signal: int | None = None
 
 
-class StepStatus(Wire):
+class StepStatus(Lenient):
     job_id: int
     step_id: int
     tasks: list[StepTaskStatus]

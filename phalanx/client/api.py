@@ -15,6 +15,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from phalanx.api import version
 from phalanx.api.models import (
     CancelRequest,
     DrainRequest,
@@ -140,6 +141,7 @@ class PhalanxClient:
         self.submit_retry_s = submit_retry_s
         self._current = 0
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers.update(version.headers())
         try:
             verify = client_context(ca)
         except TLSError as exc:
@@ -205,6 +207,11 @@ class PhalanxClient:
                     # It may have been received: sending it again could repeat it.
                     raise HeadUnreachable(problems[-1]) from None
                 continue
+            skew = version.mismatch(
+                response.headers.get(version.HEADER), me="client", them=f"head at {url}"
+            )
+            if skew is not None:
+                raise ApiError(response.status_code, skew)
             if response.status_code == 503:
                 refused = response  # a standby or a restarting head: it did nothing
                 continue
@@ -238,7 +245,9 @@ class PhalanxClient:
             sparse=sparse,
         )
         try:
-            return model.model_validate_json(response.content)
+            # Fields this client does not know are ignored, also inside the JobSpec of a
+            # JobDetail: a head one minor API version ahead may add some.
+            return model.model_validate_json(response.content, extra="ignore")
         except ValidationError as exc:
             first = exc.errors()[0] if exc.errors() else {"msg": str(exc)}
             raise ApiError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
 import httpx
@@ -15,10 +15,20 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 from pydantic_core import to_json
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from phalanx import __version__
 from phalanx.api import models as m
+from phalanx.api import version
+from phalanx.api.asgi import (
+    MAX_BODY_BYTES,
+    ApiVersion,
+    BodyLimit,
+    declared_too_large,
+    too_large_detail,
+)
+from phalanx.api.asgi import bearer_token as _bearer_of
+from phalanx.api.asgi import json_error as _json
 from phalanx.head import jobs
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
@@ -26,7 +36,6 @@ from phalanx.head.leader import Role
 from phalanx.head.service import Head
 
 log = logging.getLogger("phalanx.head")
-MAX_BODY_BYTES = 2 * 1024 * 1024
 
 _bearer = HTTPBearer(auto_error=False)
 JOBSPEC_REF = "#/components/schemas/JobSpec"
@@ -37,7 +46,7 @@ def _err(description: str) -> dict[str, Any]:
 
 
 COMMON: dict[int | str, dict[str, Any]] = {
-    400: _err("the body is not valid JSON"),
+    400: _err(f"the body is not valid JSON, or {version.HEADER} has another major version"),
     401: _err("missing, unknown or revoked token"),
     403: _err("the token may not do this"),
     413: _err("request body (or job spec) too large"),
@@ -106,58 +115,12 @@ User = Annotated[Principal, Depends(_user)]
 Admin = Annotated[Principal, Depends(_admin)]
 
 
-class BodyLimit:
-    """Refuse bodies over MAX_BODY_BYTES with 413, by Content-Length or while streaming
-    (a plain ASGI middleware: Starlette's BaseHTTPMiddleware costs too much per request)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope.get("headers", []))
-        if _declared_too_large(headers.get(b"content-length")):
-            await _too_large()(scope, receive, send)
-            return
-        seen = 0
-        too_large = False
-
-        async def limited() -> Message:
-            nonlocal seen, too_large
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > MAX_BODY_BYTES:
-                    too_large = True
-                    raise _BodyTooLarge
-            return message
-
-        async def guarded(message: Message) -> None:
-            if not too_large:  # past the limit, the app's own answer (400) is replaced
-                await send(message)
-
-        with suppress(_BodyTooLarge):
-            await self.app(scope, limited, guarded)
-        if too_large:
-            await _too_large()(scope, receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-TOO_LARGE = f"request body larger than {MAX_BODY_BYTES} bytes"
-
-
-def _too_large() -> JSONResponse:
-    return _json(413, TOO_LARGE)
+TOO_LARGE = too_large_detail(MAX_BODY_BYTES)
 
 
 def _declared_too_large(length: bytes | None) -> bool:
     """Whether a Content-Length header's value is malformed or over MAX_BODY_BYTES."""
-    return length is not None and (not length.isdigit() or int(length) > MAX_BODY_BYTES)
+    return declared_too_large(length, MAX_BODY_BYTES)
 
 
 class FastSubmit:
@@ -290,8 +253,9 @@ def error_answer(e: BaseException) -> tuple[int, str, dict[str, str]] | None:
 
 
 def create_app(head: Head, role: Role | None = None) -> ASGIApp:
-    """The API of `head`: FastAPI behind the submit fast path (FastSubmit) and, outermost,
-    the standby gate (StandbyGate; a standby reads no body). Both sit in front of FastAPI
+    """The API of `head`: FastAPI behind the submit fast path (FastSubmit), the standby
+    gate (StandbyGate; a standby reads no body) and, outermost, the API version check
+    (ApiVersion, which stamps every answer). All sit in front of FastAPI
     rather than among its middleware: FastAPI wraps those in its own per-request layers
     (error and telemetry middleware, a body limit), which cost a submit more than its
     validation does."""
@@ -299,7 +263,9 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         head.loop = asyncio.get_running_loop()
-        async with httpx.AsyncClient(timeout=10.0, verify=head.agent_verify) as client:
+        async with httpx.AsyncClient(
+            timeout=10.0, headers=version.headers(), verify=head.agent_verify
+        ) as client:
             _app.state.http = client
             yield
 
@@ -423,7 +389,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         if r.status_code == 404:
             raise HeadError(404, f"no logs for job {job_id} rank {rank} on {node.name}")
         if r.status_code != 200:
-            raise HeadError(502, f"node {node.name} answered {r.status_code}")
+            raise HeadError(502, f"node {node.name} answered {r.status_code}: {_agent_detail(r)}")
         return m.LogChunk.model_validate_json(r.content)
 
     @app.post("/v1/jobs/{job_id}/progress", status_code=204)
@@ -543,7 +509,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     async def heartbeat(body: m.Heartbeat, who: Who) -> m.DesiredState:
         return await head.heartbeat(who, body)
 
-    return StandbyGate(FastSubmit(app, head, keys), role)
+    return ApiVersion(StandbyGate(FastSubmit(app, head, keys), role), "head")
 
 
 def _submit(head: Head, tx: Any, who: Principal, spec: m.JobSpec) -> m.SubmitResponse:
@@ -557,13 +523,3 @@ def _agent_detail(r: httpx.Response) -> str:
     except (ValueError, AttributeError):
         detail = None
     return detail if isinstance(detail, str) else r.text[:200]
-
-
-def _bearer_of(authorization: str) -> str | None:
-    """The token of an `Authorization: Bearer TOKEN` header's value (None: not one)."""
-    scheme, _, token = authorization.partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
-
-
-def _json(status: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"detail": detail}, headers=headers)

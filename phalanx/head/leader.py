@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import threading
@@ -12,6 +11,9 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Literal
 
 from sqlalchemy.engine import make_url
+
+from phalanx import pidlock
+from phalanx.pidlock import AlreadyRunning as AlreadyRunning  # another head: one per SQLite
 
 if TYPE_CHECKING:
     import psycopg
@@ -38,10 +40,6 @@ _SERVER_KEEPALIVE = (
 )
 
 
-class AlreadyRunning(Exception):
-    """Another head holds this state directory's lock (SQLite: one head per database)."""
-
-
 class ElectionError(Exception):
     """The leader lock's database cannot be reached (the message says where and why)."""
 
@@ -58,27 +56,9 @@ class Role:
 
 
 def lock_state_dir(state_dir: Path) -> IO[str]:
-    """Take `state_dir/head.lock` (exclusive, non-blocking) and write our pid in it.
-
-    The lock lasts as long as the returned file stays open (the process, even after a
-    SIGKILL: the kernel drops it). Raises AlreadyRunning naming the holder's pid.
-    """
-    path = state_dir / LOCK_FILE
-    f = path.open("a+", encoding="utf-8")
-    try:
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        pid = f.read().strip() or "unknown"
-        f.close()
-        raise AlreadyRunning(
-            f"another head is running on this state directory (pid {pid}): {state_dir}"
-        ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
+    """Take `state_dir/head.lock` for this process's life (phalanx.pidlock); raises
+    AlreadyRunning naming the holder's pid."""
+    return pidlock.lock(state_dir, LOCK_FILE, "head")
 
 
 def libpq_url(db_url: str) -> str:

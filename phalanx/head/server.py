@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -130,8 +131,6 @@ def serve(
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per log proxy call
-    url = f"{'https' if tls else 'http'}://{_url_host(host)}:{port}"
-    settings = replace(settings or Settings(), public_url=url)
     os.umask(0o077)  # whatever the head creates (database, WAL, tokens) is its user's alone
     secure_state(state_dir)  # tokens and the database: no job may read them
     database = db_url or db.default_url(state_dir)
@@ -147,6 +146,12 @@ def serve(
     except (leader.AlreadyRunning, leader.ElectionError, TLSError) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    # Bound here, not by uvicorn: with --port 0 the kernel picks the port, and the URL the
+    # head announces (and gives jobs as PHALANX_HEAD) must name that port, not 0.
+    sock = _listen(host, port)
+    port = sock.getsockname()[1]
+    url = f"{'https' if served else 'http'}://{_url_host(host)}:{port}"
+    settings = replace(settings or Settings(), public_url=url)
     head = Head(ControlThread(db.make_engine(database), settings))
     if served is not None and served.ca_file is not None:
         head.agent_verify = client_context(str(served.ca_file))
@@ -189,7 +194,7 @@ def serve(
     threading.Thread(target=announce, daemon=True).start()
     _tune_gc()
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         if role.leader:
             head.control.stop()
@@ -203,6 +208,18 @@ def serve(
 def _url_host(host: str) -> str:
     """`host` as it goes in a URL (an IPv6 address in brackets)."""
     return f"[{host}]" if ":" in host else host
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The API's listening socket (exit 1 with the reason if it cannot be had)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as e:
+        print(
+            f"error: the head could not listen on {host}:{port}: {e.strerror or e}", file=sys.stderr
+        )
+        raise SystemExit(1) from None
 
 
 # Young-generation size of the cyclic garbage collector (Python's default: 700 objects).

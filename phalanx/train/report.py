@@ -109,7 +109,13 @@ class Reporter:
         import httpx  # here, not at import: it costs every training process ~0.3 s
 
         assert self.url is not None
-        headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
+        from phalanx.api import version
+
+        headers = {
+            "Authorization": f"Bearer {self._token}",
+            "Content-Type": "application/json",
+            **version.headers(),
+        }
         try:
             verify = client_context(self._ca)
         except TLSError as exc:
