@@ -405,7 +405,10 @@ class HeadLink:
             if early and time.monotonic() >= deadline - early and self._asked != deadline:
                 self._asked = deadline  # once per deadline
                 await self._ask_peers()
-                early = 0.0  # checked: the new deadline, or fencing at the old one
+                if self._deadline() == deadline:
+                    early = 0.0  # not moved: fence at this deadline
+                # else: moved on; sleep to the check before the new deadline (waking at the
+                # deadline itself would ask too late, with the lease already run out)
             self._check_lease()
             # Sleep to the deadline (or to the check before it), re-read at least every
             # second (lease_s may change); while fenced, poll briefly so the deadline of a
