@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from phalanx.api import models as m
-from phalanx.head import auth, jobs, lifecycle, reports, store
+from phalanx.head import auth, jobs, lifecycle, peers, reports, store
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.certs import AgentSigner
 from phalanx.head.control import ControlThread, HeadError, _core_team
@@ -313,6 +313,9 @@ class Head:
             kind = "node_joined" if old is None else "node_rejoined"
             tx.event(now, kind, f"{req.address}, {gpus}", node=req.name)
             self.mirror.core_dirty = True
+            # Peers at once, not at the next tick: a job may be placed before it, and an
+            # agent told no peers fences at the lease even through a head restart.
+            self.mirror.peer_lists = peers.pick(self.mirror)
 
         self.control.call(op)
         self.forget_principals()  # the node's old credential (or a spent join token) revoked
