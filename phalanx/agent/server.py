@@ -34,6 +34,8 @@ from .steps import StepExists, StepManager
 
 _COMMON: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "the body is not valid JSON"},
+    401: {"model": ErrorBody, "description": "no token this agent knows (before any body)"},
+    413: {"model": ErrorBody, "description": "a body over the agent's limit, refused unread"},
     422: {"model": ErrorBody, "description": "invalid request (the fields at fault named)"},
 }
 _ERRORS: dict[int | str, dict[str, Any]] = {

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import pwd
 import random
 import threading
 import time
@@ -24,7 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from phalanx.api.models import JobInfo, JobSpec
+from phalanx.api.models import JobInfo, JobSpec, UserCreate
 from phalanx.client.api import ApiError, PhalanxClient
 from phalanx.local.cluster import LocalCluster
 from phalanx.testing import workload
@@ -64,6 +66,9 @@ class ChaosConfig:
     max_restarts: int = 20
     min_healthy_nodes: int = 2  # never disturb a node if fewer would be left untouched
     weights: tuple[float, ...] = (3.0, 2.0, 3.0, 1.5, 1.5, 1.5)  # in ACTIONS order
+    # Unix accounts the jobs run as, taking turns (each a Phalanx user of the same name;
+    # the agents must run as root). Empty: every job runs as the cluster's own account.
+    users: tuple[str, ...] = ()
 
     def head_args(self) -> list[str]:
         """`phalanx head` flags for these settings (the hang check is off)."""
@@ -83,6 +88,13 @@ class ChaosConfig:
             raise ValueError("need 1 ≤ min_steps ≤ max_steps")
         if min(self.duration_s, self.settle_s, self.submit_every_s, self.fault_every_s) <= 0:
             raise ValueError("durations and intervals must be positive")
+        for user in self.users:
+            try:
+                pwd.getpwnam(user)
+            except KeyError:
+                raise ValueError(f"users: no Unix account {user!r} on this machine") from None
+        if self.users and os.geteuid() != 0:
+            raise ValueError("users: jobs run as other accounts only under root agents")
 
 
 @dataclass
@@ -95,6 +107,7 @@ class Submission:
     steps: int
     nodes: int
     gpus_per_node: int
+    user: str | None = None  # the Unix account it runs as (None: the cluster's own)
     job_id: int | None = None
     error: str | None = None  # why not accepted
     unreachable: bool = False  # the head did not answer (down, restarting)
@@ -114,6 +127,7 @@ class ChaosReport:
     final_states: Counter[str] = field(default_factory=Counter)
     restarts: int = 0
     runs: int = 0  # (job, epoch, rank) processes seen in the ledgers
+    ledger_owners: Counter[str] = field(default_factory=Counter)  # Unix account → ledgers
     unacknowledged: int = 0  # jobs the head has for submits whose answer never came
     leftover_processes: int = 0  # job processes still alive after the cluster stopped
     invariants: list[Verdict] = field(default_factory=list)
@@ -143,6 +157,7 @@ class ChaosReport:
             "final_states": dict(sorted(self.final_states.items())),
             "restarts": self.restarts,
             "runs": self.runs,
+            "ledger_owners": dict(sorted(self.ledger_owners.items())),
             "invariants": {v.name: v.to_json() for v in self.invariants},
             "evidence": {str(k): v for k, v in self.evidence.items()},
             "errors": self.errors,
@@ -175,8 +190,10 @@ class _Driver:
             nodes=config.nodes,
             gpus_per_node=config.gpus_per_node,
             head_args=config.head_args(),
+            users_map_to_self=not config.users,  # with users: each runs as its own account
         )
         self.stop = threading.Event()
+        self._tokens: dict[str, str] = {}  # each of config.users: its API token
         self.faults: Faults | None = None
         self.t0 = self.started = time.monotonic()
 
@@ -200,6 +217,7 @@ class _Driver:
                 note=self._note,
             )
             with self.client:
+                self._tokens = self._add_users()
                 submitter = threading.Thread(target=self._submit_loop, name="chaos-submit")
                 submitter.start()
                 try:
@@ -229,12 +247,30 @@ class _Driver:
         self.say(line)
 
     # ------------------------------------------------------------------ submissions
+    def _add_users(self) -> dict[str, str]:
+        """The Phalanx user of each Unix account in `users` (team default) and its token;
+        the run's folders open to them (each job's own folder is its user's)."""
+        tokens = {}
+        for user in self.cfg.users:
+            with contextlib.suppress(ApiError):  # 409: made by an earlier run on this head
+                self.client.create_user(UserCreate(name=user, teams=["default"]))
+            tokens[user] = self.client.create_token(user).token
+        if self.cfg.users:
+            for folder in (self.dir, self.dir / "jobs"):
+                folder.mkdir(parents=True, exist_ok=True)
+                folder.chmod(0o755)
+        return tokens
+
     def _submit_loop(self) -> None:
         rng = random.Random(self.cfg.seed * 7919 + 1)  # its own stream: shapes don't shift
         deadline = time.time() + self.cfg.duration_s + self.cfg.settle_s + 300
         shapes = [(n, g) for n, g, _ in SHAPES]
         weights = [w for _, _, w in SHAPES]
-        with self.cluster.client() as client:
+        users = list(self.cfg.users)
+        clients = {u: self.cluster.client(self._tokens[u]) for u in users}
+        with self.cluster.client() as client, contextlib.ExitStack() as stack:
+            for c in clients.values():
+                stack.enter_context(c)
             seq = 0
             while not self.stop.wait(rng.uniform(0.5, 1.5) * self.cfg.submit_every_s):
                 seq += 1
@@ -248,7 +284,11 @@ class _Driver:
                     rng.randint(self.cfg.min_steps, self.cfg.max_steps),
                     nodes,
                     gpus,
+                    user=users[seq % len(users)] if users else None,
                 )
+                if sub.user is not None:  # the job writes its ledger as its own user
+                    account = pwd.getpwnam(sub.user)
+                    os.chown(workdir, account.pw_uid, account.pw_gid)
                 env = {"LEDGER": str(workdir / "ledger.jsonl"), "OMP_NUM_THREADS": "1"}
                 env["LEDGER_DEADLINE"] = f"{deadline:.0f}"
                 spec = JobSpec(
@@ -261,8 +301,9 @@ class _Driver:
                     max_restarts=self.cfg.max_restarts,
                     restart_on_failure=rng.random() < 0.5,
                 )
+                submitter = clients[sub.user] if sub.user is not None else client
                 try:
-                    sub.job_id = client.submit(spec).job_ids[0]
+                    sub.job_id = submitter.submit(spec).job_ids[0]
                 except ApiError as exc:
                     sub.error = str(exc)
                     sub.unreachable = exc.status is None or exc.status >= 500
@@ -338,6 +379,12 @@ class _Driver:
             for life in workload.lives(workload.read_ledger(s.workdir / "ledger.jsonl"))
         ]
         self.report.runs = len(lives)
+        # Who wrote each job's ledger: the Unix account its processes ran as.
+        self.report.ledger_owners = Counter(
+            _owner(s.workdir / "ledger.jsonl")
+            for s in subs
+            if (s.workdir / "ledger.jsonl").exists()
+        )
         shapes = {s.job_id: s for s in subs if s.job_id is not None}
         completed = {
             i.id: (i.epoch, shapes[i.id].nodes * shapes[i.id].gpus_per_node, shapes[i.id].steps)
@@ -355,6 +402,14 @@ class _Driver:
                 for job in _job_ids(line)[:2]:
                     if job not in self.report.evidence and len(self.report.evidence) < 10:
                         self.report.evidence[job] = _events(self.client, job)
+
+
+def _owner(path: Path) -> str:
+    uid = path.stat().st_uid
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def _wait_ended(client: PhalanxClient, ids: list[int], timeout: float) -> bool:

@@ -40,9 +40,10 @@ def test_a_second_agent_on_the_same_state_dir_is_refused(tmp_path: Path) -> None
         assert rank_pid is not None
         argv = [sys.executable, "-m", "phalanx", "agent", "--head", head.url]
         argv += ["--address", ADDRESS, "--name", ADDRESS, "--fake-gpus", "1"]
-        argv += ["--token", JOIN_TOKEN, "--state-dir", str(state_dir)]
+        argv += ["--state-dir", str(state_dir)]
         second = subprocess.run(
             argv,
+            env={**os.environ, "PHALANX_JOIN_TOKEN": JOIN_TOKEN},  # never an argument (`ps`)
             capture_output=True,
             text=True,
             timeout=60,

@@ -88,10 +88,11 @@ class HeadServer:
         state_dir: Path,
         db_url: str | None = None,
         host: str = "127.0.0.1",
-        head_args: tuple[str, ...] = ("--plain-http",),
+        head_args: tuple[str, ...] = ("--plain-http", "--users-map-to-self"),
     ):
         """`head_args`: extra `phalanx head` flags; plain HTTP unless told otherwise (these
-        tests are about the API; tests/security/test_tls.py runs heads with TLS)."""
+        tests are about the API; tests/security/test_tls.py runs heads with TLS), jobs as
+        the head's own account."""
         self.state_dir = state_dir
         self.db_url = db_url
         self.host = host

@@ -96,19 +96,8 @@ def test_malformed_json_and_huge_body(head: HeadProc) -> None:
 
 
 def test_too_many_gpus_for_this_cluster_once_nodes_joined(head: HeadProc) -> None:
-    # Runs last in this module: the node it registers stays.
-    join = head.client(head.join_token)
-    gpus = [{"index": i, "uuid": f"GPU-{i}", "model": "H100", "memory_mb": 81559} for i in range(4)]
-    reg = {
-        "name": "127.0.0.2",
-        "address": "127.0.0.2",
-        "agent_url": "http://127.0.0.2:1",
-        "agent_secret": "s" * 32,
-        "cpus": 4,
-        "memory_mb": 4096,
-        "gpus": gpus,
-    }
-    assert join.post("/v1/agent/register", json=reg).status_code == 200
+    # Runs before the heartbeat tests: the node it registers stays.
+    _register(head)
     c = head.client()
     before = _all_jobs(c)
     r = c.post("/v1/jobs", json={**GOOD, "gpus_per_node": 8})
@@ -162,9 +151,14 @@ def test_bad_heartbeat_is_refused_at_the_edge_and_the_head_keeps_running(
     assert c.get(f"/v1/jobs/{job_id}").json()["job"]["state"] == "CA"
 
 
+# The node credential each head gave 127.0.0.2: a second registration of a live node is made
+# with it (a join token cannot take over a live node's name).
+_NODE_TOKENS: dict[str, str] = {}
+
+
 def _register(head: HeadProc) -> str:
     """Register (again) the 4-GPU node 127.0.0.2 and return its node token."""
-    join = head.client(head.join_token)
+    join = head.client(_NODE_TOKENS.get(head.url, head.join_token))
     gpus = [{"index": i, "uuid": f"GPU-{i}", "model": "H100", "memory_mb": 81559} for i in range(4)]
     reg = {
         "name": "127.0.0.2",
@@ -178,4 +172,5 @@ def _register(head: HeadProc) -> str:
     r = join.post("/v1/agent/register", json=reg)
     assert r.status_code == 200, r.text
     token: str = r.json()["node_token"]
+    _NODE_TOKENS[head.url] = token
     return token

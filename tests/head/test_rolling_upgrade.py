@@ -25,7 +25,16 @@ from tests.head.heads import PHALANX, Proc, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 LEASE_S = 2.0
-HEAD_FLAGS = ["--heartbeat", "0.5", "--lease", str(LEASE_S), "--requeue-margin", "1"]
+HEAD_FLAGS = [
+    "--plain-http",
+    "--users-map-to-self",
+    "--heartbeat",
+    "0.5",
+    "--lease",
+    str(LEASE_S),
+    "--requeue-margin",
+    "1",
+]
 
 
 class Head:

@@ -30,7 +30,10 @@ MIB = 1024 * 1024
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     state = tmp_path_factory.mktemp("agent-api")
     flags = ["--heartbeat", "0.5", "--lease", "2", "--requeue-margin", "1"]
-    with LocalCluster(state, nodes=1, gpus_per_node=1, head_args=flags) as running:
+    # Plain HTTP on loopback: the raw-socket probes below speak HTTP/1.1 by hand, and the
+    # checks under test sit in front of the app whatever the transport (test_tls.py covers
+    # the agents' TLS).
+    with LocalCluster(state, nodes=1, gpus_per_node=1, head_args=flags, tls=False) as running:
         yield running
 
 

@@ -174,3 +174,41 @@ def test_each_user_runs_as_its_own_account(people: dict[str, Person]) -> None:
     assert out.split() == [str(alice.uid), str(alice.gid), "0077", str(alice.home)]
     made = alice.home / "mine.txt"
     assert (made.stat().st_uid, made.stat().st_mode & 0o777) == (alice.uid, 0o600)
+
+
+def test_no_daemon_logs_a_secret(people: dict[str, Person], cluster: LocalCluster) -> None:
+    """The join, admin, node and step tokens and a job's environment values appear in no
+    head or agent log (their own log files, written while jobs ran and ended)."""
+    alice = people["alice"]
+    job_id = submit(
+        alice.client,
+        job(
+            alice.home,
+            sh('echo "$PHALANX_STEP_TOKEN"; exec sleep 300'),
+            env={"DB_PASSWORD": SECRET},
+        ),
+    )
+    wait_state(alice.client, job_id, "R")
+    step_token = wait_for(
+        "its step token", lambda: read_log(alice.client, job_id)[0].strip() or None
+    )
+    assert step_token.startswith("phxs_")
+    alice.client.cancel(job_id)
+    wait_state(alice.client, job_id, ("CA",), timeout=60)
+    agent_state = cluster.state_dir / f"agent-{cluster.addresses[0]}"
+    secrets = {
+        "the job's DB_PASSWORD": SECRET,
+        "its step token": step_token,
+        "the admin token": cluster.admin_token,
+        "the join token": cluster.join_token,
+        "the node credential": (agent_state / "node.token").read_text().strip(),
+    }
+    logs = {p.name: p.read_text(errors="replace") for p in cluster.log_dir.glob("*.log")}
+    assert logs, "no daemon logs to check"
+    leaks = [
+        f"{what} in {name}"
+        for what, value in secrets.items()
+        for name, text in logs.items()
+        if value and value in text
+    ]
+    assert leaks == []
