@@ -56,6 +56,8 @@ def python_for_users(unix_users: dict[str, pwd.struct_passwd]) -> Iterator[None]
     closed = sorted({d for t in targets for d in t.parents if not d.stat().st_mode & stat.S_IXOTH})
     if closed and shutil.which("setfacl") is None:
         pytest.skip(f"setfacl is needed to open {closed[0]} to the test users (apt: acl)")
+    # A folder with no ACL of its own before gets none after (not even the mask entry).
+    plain = {f for f in closed if not _extended_acl(f)}
     granted = []
     try:
         for folder in closed:
@@ -66,6 +68,18 @@ def python_for_users(unix_users: dict[str, pwd.struct_passwd]) -> Iterator[None]
     finally:
         for user, folder in granted:
             subprocess.run(["setfacl", "-x", f"u:{user}", str(folder)], check=False)
+        for folder in plain:
+            subprocess.run(["setfacl", "-b", str(folder)], check=False)
+
+
+def _extended_acl(folder: Path) -> bool:
+    done = subprocess.run(
+        ["getfacl", "--skip-base", "--absolute-names", str(folder)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return bool(done.stdout.strip())
 
 
 def test_chaos_invariants_hold_with_jobs_of_two_users(
