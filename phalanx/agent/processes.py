@@ -170,15 +170,15 @@ class ProcessManager:
         stderr None: joins stdout when -o is given) itself, with that user's rights; the
         agent's `stdout`/`stderr` files (which it creates owned by the user) get the rest.
         With `cgroup` (the job's), the process is born inside it."""
-        if run_as is not None and run_as.switches:
-            return self._start_as(
-                key, argv, env, cwd, stdout, stderr, owner, run_as, outputs, cgroup
-            )
         if key in self._procs:
             raise ValueError(f"process {key!r} already exists")
         if self._fenced:
             return self.fail(
                 key, _FENCED, code=None, signal=9, stdout=stdout, stderr=stderr, lost=True
+            )
+        if run_as is not None and run_as.switches:
+            return self._start_as(
+                key, argv, env, cwd, stdout, stderr, owner, run_as, outputs, cgroup
             )
         if not os.path.isdir(cwd):
             msg = f"working directory {cwd} does not exist on this node"
@@ -243,15 +243,21 @@ class ProcessManager:
                 stderr=stderr,
                 launch_error=launch_error,
             )
-        proc = _Proc(popen, stdout, stderr, owner)
-        started = proc.state()  # as started, even if it ends before we return
+        return self._track(key, _Proc(popen, stdout, stderr, owner))
+
+    def _track(self, key: Hashable, proc: _Proc) -> ProcState:
+        """Book a process that started and watch it; its state as started (even if it
+        ends before this returns)."""
+        assert proc.popen is not None
+        pid = proc.popen.pid
+        started = proc.state()
         with self._lock:
             self._procs[key] = proc
             if self._fenced:  # fenced while it started: fence() did not see it
                 proc.lost = True
-                _signal_group(popen.pid, signal.SIGKILL)
+                _signal_group(pid, signal.SIGKILL)
         threading.Thread(
-            target=self._watch, args=(key, proc), name=f"watch-{popen.pid}", daemon=True
+            target=self._watch, args=(key, proc), name=f"watch-{pid}", daemon=True
         ).start()
         return started
 
@@ -268,12 +274,6 @@ class ProcessManager:
         outputs: tuple[Path | None, Path | None],
         cgroup: JobCgroup | None,
     ) -> ProcState:
-        if key in self._procs:
-            raise ValueError(f"process {key!r} already exists")
-        if self._fenced:
-            return self.fail(
-                key, _FENCED, code=None, signal=9, stdout=stdout, stderr=stderr, lost=True
-            )
         out_path, err_path = outputs
         err_arg = str(err_path) if err_path is not None else ("=" if out_path else "")
         wrapper = [SHELL, "-c", _AS_USER, "phalanx-launch", cwd, str(out_path or ""), err_arg]
@@ -328,17 +328,7 @@ class ProcessManager:
                 if err_path
                 else (_absolute(out_path, cwd) if out_path else stderr),
             )
-        proc = _Proc(popen, stdout, stderr, owner, outputs=shown, uid=run_as.uid)
-        started = proc.state()
-        with self._lock:
-            self._procs[key] = proc
-            if self._fenced:
-                proc.lost = True
-                _signal_group(popen.pid, signal.SIGKILL)
-        threading.Thread(
-            target=self._watch, args=(key, proc), name=f"watch-{popen.pid}", daemon=True
-        ).start()
-        return started
+        return self._track(key, _Proc(popen, stdout, stderr, owner, outputs=shown, uid=run_as.uid))
 
     def fail(
         self,
