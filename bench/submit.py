@@ -219,7 +219,15 @@ def run_cluster(
         os.environ["PHALANX_MAX_BATCH"] = str(max_batch)
     else:
         os.environ.pop("PHALANX_MAX_BATCH", None)
-    cluster = LocalCluster(root / name, nodes=2, gpus_per_node=4, db_url=db_url, tls=tls)
+    # No per-user cap: the flood is one user's 10,000 queued jobs on purpose.
+    cluster = LocalCluster(
+        root / name,
+        nodes=2,
+        gpus_per_node=4,
+        db_url=db_url,
+        tls=tls,
+        head_args=["--max-queued-per-user", "0"],
+    )
     cluster.start()
     return cluster
 

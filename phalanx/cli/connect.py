@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -23,25 +24,40 @@ HeadOpt = Annotated[
         show_default=False,
     ),
 ]
+# A file, never the token itself: every user of the machine sees arguments in `ps`.
 TokenOpt = Annotated[
     str | None,
     typer.Option(
-        "--token",
-        help="API token (default: $PHALANX_TOKEN, then the client config).",
+        "--token-file",
+        help="File holding the API token (default: $PHALANX_TOKEN, then the client config). "
+        "Tokens are never command-line arguments: `ps` shows those to every user.",
         show_default=False,
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")]
 
 
+def read_token_file(path: str) -> str:
+    """The token in `path` (its first line), or a one-line failure."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"--token-file {path}: cannot read it ({getattr(exc, 'strerror', None) or exc})")
+    token = text.strip().splitlines()[0].strip() if text.strip() else ""
+    if not token:
+        fail(f"--token-file {path} is empty")
+    return token
+
+
 @contextmanager
-def connect(head: str | None, token: str | None) -> Iterator[PhalanxClient]:
-    """A client for the configured head; config and API errors exit 2 with one line."""
+def connect(head: str | None, token_file: str | None) -> Iterator[PhalanxClient]:
+    """A client for the configured head (`token_file`: --token-file); config and API
+    errors exit 2 with one line."""
     from phalanx.client.api import ApiError, PhalanxClient
     from phalanx.client.config import ConfigError, resolve
 
     try:
-        config = resolve(head, token)
+        config = resolve(head, read_token_file(token_file) if token_file else None)
         with PhalanxClient(config.head, config.token, ca=config.ca) as client:
             yield client
     except (ApiError, ConfigError) as exc:

@@ -122,7 +122,7 @@ def resolve(
     if missing or head is None or token is None:
         raise ConfigError(
             f"no {' and no '.join(missing)} configured: run `phalanx up` to start a local "
-            f"cluster, or pass --head URL --token TOKEN (or set {HEAD_ENV}/{TOKEN_ENV}, "
+            f"cluster, or pass --head URL --token-file FILE (or set {HEAD_ENV}/{TOKEN_ENV}, "
             f"or write {path})"
         )
     return ClientConfig(head=normalize_heads(head), token=token, ca=ca)

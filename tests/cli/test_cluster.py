@@ -125,3 +125,22 @@ def test_a_new_user_with_a_token_sees_only_their_jobs(
     assert (me.user, me.role, me.teams) == ("alice", "user", ["ml"])
     denied = invoke("drain", "127.0.0.2", "--reason", "x", env=alice)
     assert denied.exit_code == 2 and "HTTP 403" in denied.stderr
+
+
+def test_a_token_is_read_from_a_file_never_taken_as_an_argument(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    env = cluster.client_env()
+    del env["PHALANX_TOKEN"]
+    token_file = tmp_path / "admin.token"
+    token_file.write_text(cluster.admin_token + "\n")
+    token_file.chmod(0o600)
+    me = invoke("whoami", "--json", "--token-file", str(token_file), env=env)
+    assert me.exit_code == 0, me.stderr
+    assert WhoAmI.model_validate_json(me.stdout).user == "admin"
+    # The token itself on the command line (every user sees it in `ps`) is no option.
+    visible = run_cli("whoami", "--token", cluster.admin_token, env=env)
+    assert visible.returncode == 2 and "--token-file" in visible.stderr
+    assert "Traceback" not in visible.stderr
+    missing = invoke("whoami", "--token-file", str(tmp_path / "nope"), env=env)
+    assert missing.exit_code == 2 and "cannot read it" in missing.stderr

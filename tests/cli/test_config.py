@@ -64,7 +64,7 @@ def test_unreachable_head_is_a_clear_error(config_dir: Path) -> None:
     from phalanx.local.cluster import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
-    proc = run_cli("nodes", "--head", url, "--token", "t")
+    proc = run_cli("nodes", "--head", url, env={"PHALANX_TOKEN": "t"})
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"error: cannot reach head at {url}")
     assert "Traceback" not in proc.stderr
