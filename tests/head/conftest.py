@@ -79,14 +79,25 @@ def head(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[HeadProc]:
     """One head per test module and database (start-up costs seconds on a busy machine)."""
-    tmp_path = tmp_path_factory.mktemp("head")
+    yield from module_head(request, tmp_path_factory, "head")
+
+
+def module_head(
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    prefix: str,
+    settings: str = "",
+) -> Iterator[HeadProc]:
+    """The body of a module-scoped `head` fixture parametrized by database (`settings`: as
+    start_head takes them); stopped afterwards."""
+    tmp_path = tmp_path_factory.mktemp(prefix)
     db_url = None
     if request.param == "postgresql":
         pg: PostgresServer = request.getfixturevalue("postgres")
         # Its own database: the session's e2e cluster holds the leader lock of the shared
         # one, and a second head there would only be its standby.
-        db_url = pg.new_database(f"head_{request.module.__name__.rsplit('.', 1)[-1]}")
-    h = start_head(tmp_path / "head", db_url)
+        db_url = pg.new_database(f"{prefix}_{request.module.__name__.rsplit('.', 1)[-1]}")
+    h = start_head(tmp_path / "head", db_url, settings)
     try:
         yield h
     finally:

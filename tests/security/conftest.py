@@ -18,9 +18,8 @@ import pytest
 from phalanx.api.models import UserCreate
 from phalanx.client.api import ApiError, PhalanxClient
 from phalanx.local import LocalCluster
-from phalanx.testing.postgres import PostgresServer
 from tests.e2e.helpers import cancel_all
-from tests.head.conftest import HeadProc, start_head, stop_head
+from tests.head.conftest import HeadProc, module_head
 
 USERS = ("phxtest-alice", "phxtest-bob")
 GHOST = "phxtest-ghost"  # a Phalanx user with no Unix account anywhere
@@ -114,13 +113,4 @@ SETTINGS = "max_queued_per_user=5, max_spec_bytes=8192"
 def head(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[HeadProc]:
-    tmp_path = tmp_path_factory.mktemp("head")
-    db_url = None
-    if request.param == "postgresql":
-        pg: PostgresServer = request.getfixturevalue("postgres")
-        db_url = pg.new_database(f"security_{request.module.__name__.rsplit('.', 1)[-1]}")
-    h = start_head(tmp_path / "head", db_url, SETTINGS)
-    try:
-        yield h
-    finally:
-        stop_head(h.proc)
+    yield from module_head(request, tmp_path_factory, "security", SETTINGS)
