@@ -96,7 +96,7 @@ class HeadLink:
         agent_tls: AgentTLS | None = None,
         credential_file: Path | None = None,
         seen: HeadSeen | None = None,
-        max_outage_s: float = 600.0,
+        max_outage_s: float = 720.0,
     ) -> None:
         # `head_url` may list several heads (a leader and its standbys), comma-separated:
         # the agent talks to one and moves to the next when it cannot be reached or is a

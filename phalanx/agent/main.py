@@ -66,7 +66,7 @@ class AgentConfig:
     job_pids_max: int | None = cgroups.DEFAULT_PIDS_MAX  # per job and node; None: unlimited
     gpu_dev_dir: Path | None = None  # fake GPUs' device files (nvidia0…), for tests
     ca_file: Path | None = None  # the CA certificate the head's TLS is pinned to
-    max_outage_s: float = 600.0  # keep jobs through a head outage this long (head caps it)
+    max_outage_s: float = 720.0  # keep jobs through a head outage this long (head caps it)
 
 
 class _Server(uvicorn.Server):

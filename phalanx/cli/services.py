@@ -151,7 +151,7 @@ def head(
             help="Agents keep their jobs through a head outage (restart, pause, failover) "
             "this long when their peers confirm the head is out (0: fence at the lease).",
         ),
-    ] = 600.0,
+    ] = 720.0,
 ) -> None:
     """Run the head: REST API, scheduler and state (blocks; Ctrl-C stops it).
 
@@ -334,7 +334,7 @@ def agent(
             help="Keep jobs running through a head outage at most this long (the head's "
             "--max-outage caps it; 0: fence when the lease runs out).",
         ),
-    ] = 600.0,
+    ] = 720.0,
 ) -> None:
     """Run an agent on this server: join the head, run the jobs it assigns (blocks)."""
     from phalanx.agent.main import AgentConfig, AgentError, run_agent

@@ -39,7 +39,7 @@ class Settings:
     max_spec_bytes: int = 256 * 1024  # a submitted JobSpec's JSON
     # Agents keep their jobs through a head outage this long (when their peers confirm the
     # head is out rather than they are cut off: docs/fault-tolerance.md#head-outages).
-    max_outage_s: float = 600.0
+    max_outage_s: float = 720.0  # a 10-minute outage, plus the head's own restart
 
 
 @dataclass(slots=True)
