@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from phalanx.api.models import Assignment, DesiredState
+from phalanx.api.models import Assignment, DesiredState, validation_detail
 
 LAUNCH_FAILED = "LaunchFailed: "
 
@@ -83,11 +83,7 @@ def _int(value: object) -> int | None:
 
 
 def _summary(e: ValidationError) -> str:
-    parts = []
-    for err in e.errors()[:5]:
-        where = ".".join(str(x) for x in err.get("loc", ()))
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    return "; ".join(parts)
+    return validation_detail(e.errors(), limit=5)
 
 
 def output_problem(flag: str, pattern: str, path: Path) -> str | None:

@@ -18,7 +18,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from phalanx import pidlock
-from phalanx.api.models import MAX_CONFINEMENT, RegisterRequest
+from phalanx.api.models import MAX_CONFINEMENT, RegisterRequest, validation_detail
 from phalanx.tls import TLSError, client_context
 
 from . import cgroups, leftovers
@@ -308,8 +308,7 @@ def _register_request(
             confinement=confinement[:MAX_CONFINEMENT],
         )
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-        raise AgentError(f"invalid agent settings: {problems}") from e
+        raise AgentError(f"invalid agent settings: {validation_detail(e.errors())}") from e
 
 
 def _memory_mb() -> int:

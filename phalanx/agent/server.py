@@ -23,6 +23,7 @@ from phalanx.api.models import (
     PeerHeadView,
     StepLaunch,
     StepStatus,
+    validation_detail,
 )
 
 from . import logfiles
@@ -68,11 +69,7 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def invalid(_r: Request, e: RequestValidationError) -> JSONResponse:
         """422 with a `detail` sentence naming the fields at fault, as the head answers."""
-        parts = []
-        for err in e.errors()[:10]:
-            where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-            parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
-        return JSONResponse(status_code=422, content={"detail": "; ".join(parts) or "invalid"})
+        return JSONResponse(status_code=422, content={"detail": validation_detail(e.errors())})
 
     def known(token: str) -> bool:
         """Whether `token` is the agent secret, the step token of a job it runs, or the

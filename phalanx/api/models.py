@@ -6,9 +6,11 @@ each process, frozen dataclasses are used; pydantic lives only here, at the boun
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints
+from pydantic_core import ErrorDetails
 
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 62  # the core's per-node bitmask limit
@@ -75,6 +77,16 @@ GpuIndex = Annotated[int, Field(ge=0, le=MAX_GPUS_PER_NODE)]
 Seconds = Annotated[float, Field(ge=0, le=10 * 365 * 86400, allow_inf_nan=False)]
 UnixTime = Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]
 Measure = Annotated[float, Field(ge=-1e12, le=1e12, allow_inf_nan=False)]
+
+
+def validation_detail(errors: Sequence[ErrorDetails], limit: int = 10) -> str:
+    """Pydantic's errors as one sentence naming each field at fault (`a.b: msg; …`, at
+    most `limit` of them): the `detail` of a 422, the reason of a refused assignment."""
+    parts = []
+    for err in errors[:limit]:
+        where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"
 
 
 class Wire(BaseModel):

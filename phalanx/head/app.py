@@ -244,11 +244,7 @@ def error_answer(e: BaseException) -> tuple[int, str, dict[str, str]] | None:
     if isinstance(e, Forbidden):
         return 403, str(e), {}
     if isinstance(e, RequestValidationError):
-        parts = []
-        for err in e.errors()[:10]:
-            where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
-            parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
-        return 422, "; ".join(parts) or "invalid request", {}
+        return 422, m.validation_detail(e.errors()), {}
     return None
 
 

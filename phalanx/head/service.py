@@ -427,9 +427,7 @@ class Head:
         if key in self._unlaunchable_jobs:
             return
         self._unlaunchable_jobs.add(key)
-        problems = "; ".join(
-            f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()[:5]
-        )
+        problems = m.validation_detail(e.errors(), limit=5)
 
         def op(tx: Tx) -> None:
             live = self.mirror.jobs.get(key[0])
