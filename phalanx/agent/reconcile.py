@@ -80,6 +80,14 @@ def run_as(a: Assignment) -> RunAs:
     return identity.resolve(a.user, a.uid, a.gid)
 
 
+def _user(a: Assignment) -> RunAs | None:
+    """Who the job runs as here; None: nobody (refused)."""
+    try:
+        return run_as(a)
+    except identity.Refused:
+        return None
+
+
 def launch_failed(e: identity.Refused) -> str:
     return f"{LAUNCH_FAILED}{e}"
 
@@ -231,11 +239,13 @@ class Reconciler:
             user = run_as(a)
             # The agent checks -o/-e paths itself only for its own user's jobs: another
             # user's files are checked and created by that user (_prepare_as_user).
-            problem = None if user.switches else self._output_problem(a, [r for r, _ in ranks])
+            problem = (
+                None if user.switches else self._output_problem(a, user, [r for r, _ in ranks])
+            )
         except identity.Refused as e:
             problem = launch_failed(e)
         if problem is not None or user is None:
-            self._fail_launch(a, ranks, problem or LAUNCH_FAILED)
+            self._fail_unstarted(a, problem or LAUNCH_FAILED)
             return
         port = a.master_port
         if port is None and a.node_rank != 0 and ranks:
@@ -267,11 +277,11 @@ class Reconciler:
             if a.checkpoint_dir:
                 with contextlib.suppress(OSError):  # the job reports it if it needs it
                     (Path(a.workdir) / a.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-            self._prepare_outputs(a, [r for r, _ in ranks])
+            self._prepare_outputs(a, user, [r for r, _ in ranks])
         for rank, local in ranks:
             launch.ranks[rank] = local
             pkey = rank_key(a.job_id, a.epoch, rank)
-            out, err = self._log_paths(a, rank)
+            out, err = self._log_paths(a, rank, user)
             if not user.switches:
                 _link_default_paths(self.ctx.state_dir, a, rank, out, err)
             if problem is not None:
@@ -315,13 +325,13 @@ class Reconciler:
             log.info("job %d.%d: rank %d started, pid %s", a.job_id, a.epoch, rank, state.pid)
         self._on_change()
 
-    def _output_problem(self, a: Assignment, ranks: list[int]) -> str | None:
+    def _output_problem(self, a: Assignment, user: RunAs, ranks: list[int]) -> str | None:
         """Why a `-o`/`-e` file of this launch cannot be written (a directory, a path that
         cannot exist): the job fails at once rather than crash the agent on every node."""
         if (a.output is None and a.error is None) or not os.path.isdir(a.workdir):
             return None  # a missing workdir fails the start with its own message
         for rank in ranks:
-            out, err = self._log_paths(a, rank)
+            out, err = self._log_paths(a, rank, user)
             checks = [("-o", a.output, out), ("-e", a.error, err)]
             for flag, pattern, path in checks:
                 if pattern is not None:
@@ -330,24 +340,11 @@ class Reconciler:
                         return problem
         return None
 
-    def _fail_launch(self, a: Assignment, ranks: list[tuple[int, int]], why: str) -> None:
-        """Start nothing of this launch: every local rank reads as failed to launch, its
-        message in the rank's default stderr file under the state dir."""
-        key = (a.job_id, a.epoch)
-        launch = _Launch(a)
-        self._launches[key] = launch
-        for rank, local in ranks:
-            launch.ranks[rank] = local
-            out, err = logfiles.rank_paths(self.ctx.state_dir, a.job_id, a.epoch, rank)
-            pkey = rank_key(a.job_id, a.epoch, rank)
-            self.procs.fail(
-                pkey, why, code=EXIT_CANNOT_START, stdout=out, stderr=err, launch_error=True
-            )
-        self._on_change()
-
     def _fail_unstarted(self, a: Assignment, why: str) -> None:
-        """A launch raised part-way: every local rank not started yet fails to launch (the
-        head then stops the ones that did start, as for any failed rank)."""
+        """Every local rank of this launch not started yet fails to launch, its message in
+        the rank's default stderr file under the state dir: the whole launch when it cannot
+        start at all, the rest when it raised part-way (the head then stops the ones that
+        did start, as for any failed rank)."""
         key = (a.job_id, a.epoch)
         launch = self._launches.setdefault(key, _Launch(a))
         for local in local_ranks(a):
@@ -382,9 +379,10 @@ class Reconciler:
         key = (a.job_id, a.epoch)
         launch = _Launch(a, delivered=notices.delivered(self.ctx.job_dir(*key)))
         self._launches[key] = launch
+        user = _user(a)
         for rank, local in ranks:
             launch.ranks[rank] = local
-            out, err = self._log_paths(a, rank)
+            out, err = self._log_paths(a, rank, user)
             pkey = rank_key(a.job_id, a.epoch, rank)
             self.procs.fail(pkey, why, code=None, signal=9, stdout=out, stderr=err, lost=True)
 
@@ -419,15 +417,14 @@ class Reconciler:
             return [], f"{a.launcher} job has no command"
         return list(a.command), None
 
-    def _log_paths(self, a: Assignment, rank: int) -> tuple[Path, Path]:
+    def _log_paths(self, a: Assignment, rank: int, user: RunAs | None) -> tuple[Path, Path]:
         """The rank's (stdout, stderr) files: `-o`/`-e` patterns (relative to workdir), else
-        the per-rank files under the state dir. stderr joins stdout when only `-o` is given."""
+        the per-rank files under the state dir. stderr joins stdout when only `-o` is given.
+        `user`: who the job runs as (None: refused, it does not start; the agent's files tell
+        why); another user's process opens its -o/-e itself, so the agent's files are kept."""
         out, err = logfiles.rank_paths(self.ctx.state_dir, a.job_id, a.epoch, rank)
-        try:
-            if run_as(a).switches:
-                return out, err  # its own process opens -o/-e (as its user), not the agent
-        except identity.Refused:
-            return out, err  # it does not start; the agent's files tell why
+        if user is None or user.switches:
+            return out, err
         if not os.path.isdir(a.workdir):
             return out, err  # the start fails; its message must land somewhere readable
         if a.output is not None:
@@ -494,11 +491,11 @@ class Reconciler:
         )
         return Path(a.workdir) / name
 
-    def _prepare_outputs(self, a: Assignment, ranks: list[int]) -> None:
+    def _prepare_outputs(self, a: Assignment, user: RunAs, ranks: list[int]) -> None:
         """Truncate `-o`/`-e` files once per launch (as Slurm); keep them on restarts."""
         if a.restart_count > 0 or (a.output is None and a.error is None):
             return
-        for path in {p for r in ranks for p in self._log_paths(a, r)}:
+        for path in {p for r in ranks for p in self._log_paths(a, r, user)}:
             if path.parent.is_dir():
                 path.write_bytes(b"")
 
@@ -582,7 +579,7 @@ class Reconciler:
             if desired is not None:
                 wanted = {global_rank(desired, lr) for lr in local_ranks(desired)}
                 if rank in wanted:  # not started yet (waiting for the master port)
-                    out, err = self._log_paths(desired, rank)
+                    out, err = self._log_paths(desired, rank, _user(desired))
                     return out, err, False, agent_files
         paths = logfiles.latest_rank_paths(self.ctx.state_dir, job_id, rank)
         if paths is None:
