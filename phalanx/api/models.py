@@ -225,6 +225,10 @@ class JobEvent(Lenient):
     kind: str  # submitted, started, requeued, preempted, cancelled, ended, node_down, ...
     message: str
     node: str | None = None
+    # A state move (core.lifecycle.JobTransition): from → to, in allocation `epoch`.
+    from_state: JobStateCode | None = None
+    to_state: JobStateCode | None = None
+    epoch: int | None = None
 
 
 class JobProgress(Lenient):

@@ -245,11 +245,12 @@ def show(
     if detail.events:
         out.print("\n[bold]Events[/bold]")
         table = Table(box=None, pad_edge=False, header_style="bold")
-        for column in ("TIME", "EVENT", "NODE", "MESSAGE"):
+        for column in ("TIME", "EVENT", "STATE", "NODE", "MESSAGE"):
             table.add_column(column)
         for event in detail.events:
+            move = f"{event.from_state}→{event.to_state}" if event.to_state else ""
             table.add_row(
-                timestamp(event.time), event.kind, event.node or "", escape(event.message)
+                timestamp(event.time), event.kind, move, event.node or "", escape(event.message)
             )
         out.print(table)
 

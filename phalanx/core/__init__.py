@@ -1,5 +1,6 @@
 """The scheduling core: pure functions and plain data (no I/O, no wall clock, no threads)."""
 
+from phalanx.core.apply import Applied, apply_decisions
 from phalanx.core.cycle import DEFAULT_CONFIG, SchedulerConfig, schedule
 from phalanx.core.decisions import (
     Decisions,
@@ -8,6 +9,17 @@ from phalanx.core.decisions import (
     ReasonCode,
     Reservation,
     Start,
+)
+from phalanx.core.lifecycle import (
+    JOB_MOVES,
+    NODE_MOVES,
+    DrainCause,
+    IllegalTransition,
+    JobTransition,
+    NodeState,
+    NodeTransition,
+    move_job,
+    move_node,
 )
 from phalanx.core.model import (
     DEFAULT_PLACEMENT,
@@ -29,15 +41,23 @@ __all__ = [
     "DEFAULT_CONFIG",
     "DEFAULT_PLACEMENT",
     "DEFAULT_POLICY",
+    "JOB_MOVES",
+    "NODE_MOVES",
     "PLACEMENT_POLICIES",
     "POLICIES",
+    "Applied",
     "ClusterState",
     "Decisions",
     "Dependency",
     "DependencyKind",
+    "DrainCause",
+    "IllegalTransition",
     "JobRequest",
     "JobState",
+    "JobTransition",
     "Node",
+    "NodeState",
+    "NodeTransition",
     "Placement",
     "Preemption",
     "Reason",
@@ -48,7 +68,10 @@ __all__ = [
     "Start",
     "StateError",
     "Team",
+    "apply_decisions",
     "gang_shape",
     "get_policy",
+    "move_job",
+    "move_node",
     "schedule",
 ]

@@ -22,7 +22,18 @@ class JobState(enum.Enum):
 
     @property
     def terminal(self) -> bool:
+        """It ended: it never moves again."""
         return self in _TERMINAL
+
+    @property
+    def holds_gpus(self) -> bool:
+        """Its allocation stands: running, noticed, or being torn down."""
+        return self in (JobState.RUNNING, JobState.PREEMPTED, JobState.COMPLETING)
+
+    @property
+    def running(self) -> bool:
+        """Counts as running: its processes should run (R, or PR until its deadline)."""
+        return self in (JobState.RUNNING, JobState.PREEMPTED)
 
 
 _TERMINAL = frozenset(

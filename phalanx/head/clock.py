@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 
 from phalanx.api.quorum import fresh_quorum
-from phalanx.head import peers
+from phalanx.core import JobState, NodeState
+from phalanx.head import nodestates, peers
 from phalanx.head.lifecycle import begin_stop, notify, restart_or_end, settle
 from phalanx.head.mirror import Mirror, Settings, Tx
+from phalanx.head.nodestates import NO_HEARTBEAT
 from phalanx.head.records import JobRecord
-from phalanx.head.reports import NO_HEARTBEAT, WAS_DRAINED, set_node_state
 
 TIME_LIMIT_NOTICE = "time limit in "
 
@@ -49,13 +50,16 @@ def tick(mirror: Mirror, tx: Tx, now: float, paused_s: float = 0.0) -> None:
         mirror.peer_lists = peers.pick(mirror)
         mirror.peers_at = now
     for rec in list(mirror.jobs.values()):
-        if rec.stopping is None and rec.start_time is not None and rec.state in ("R", "PR"):
+        if rec.stopping is not None or not rec.state.running:
+            continue
+        if rec.start_time is not None:
             _time_limit(mirror, tx, rec, now)
         deadline = rec.notice_deadline
-        if rec.stopping is None and rec.state == "PR" and deadline is not None and now >= deadline:
+        noticed = rec.state is JobState.PREEMPTED
+        if rec.stopping is None and noticed and deadline is not None and now >= deadline:
             message = "preemption deadline passed: stopping it"
             begin_stop(mirror, tx, rec, "preempt", None, message, now)
-        if rec.stopping is None and rec.state == "R":
+        if rec.stopping is None and rec.state is JobState.RUNNING:
             _hang(mirror, tx, rec, now)
     _nodes(mirror, tx, now)
 
@@ -118,12 +122,9 @@ def _nodes(mirror: Mirror, tx: Tx, now: float) -> None:
         if node.last_heartbeat is None:
             continue
         silent = now - node.last_heartbeat
-        if silent > s.lease_s and node.state != "down":
-            reason = f"{NO_HEARTBEAT} for {silent:.0f} s"
-            if node.state == "drain":  # remembered: it comes back drained
-                reason += f"{WAS_DRAINED}{node.reason or 'drained'}"
-            set_node_state(mirror, tx, node, "down", reason, now, "node_down", reason)
-        if node.state != "down" or silent <= s.lease_s + s.requeue_margin_s:
+        if silent > s.lease_s and node.state is not NodeState.DOWN:
+            nodestates.silent(mirror, tx, node, silent, now)
+        if node.state is not NodeState.DOWN or silent <= s.lease_s + s.requeue_margin_s:
             continue
         # Too few of its peers are heard either: it may be cut off with them, riding out
         # what looks like a head outage to it; it fences by itself by the longest outage.
@@ -155,6 +156,6 @@ def _peers_hear_head(mirror: Mirror, name: str, now: float) -> bool:
     for other in names:
         node = mirror.nodes.get(other)
         last = node.last_heartbeat if node is not None else None
-        if node is not None and node.state != "down" and last is not None and now - last <= window:
+        if node is not None and node.state.heard and last is not None and now - last <= window:
             fresh += 1
     return fresh >= fresh_quorum(len(names))

@@ -16,7 +16,6 @@ import logging
 import os
 import queue
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -25,8 +24,10 @@ from typing import Any, TypeVar
 from sqlalchemy import Connection, Engine
 
 from phalanx.core import Team
-from phalanx.head import clock, scheduling, store
+from phalanx.head import clock as timed
+from phalanx.head import scheduling, store
 from phalanx.head.mirror import Mirror, Settings, Tx
+from phalanx.head.timesource import Clock, SystemClock
 
 log = logging.getLogger("phalanx.head")
 T = TypeVar("T")
@@ -54,8 +55,9 @@ class _Op:
 class ControlThread:
     """Owns the mirror; runs operations, the scheduler and the clock in one thread."""
 
-    def __init__(self, engine: Engine, settings: Settings) -> None:
+    def __init__(self, engine: Engine, settings: Settings, clock: Clock | None = None) -> None:
         self.engine = engine
+        self.clock: Clock = clock if clock is not None else SystemClock()
         self.mirror = Mirror(settings)
         self.lock = threading.RLock()  # held while the mirror changes; readers take it too
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
@@ -64,10 +66,11 @@ class ControlThread:
         self._stopping = False
         self.on_commit: Callable[[set[str]], None] = lambda nodes: None
         self.cycles = 0
+        self._pauses = timed.PauseWatch(settings, self.clock.monotonic())
         # Unexpected exceptions in operations or cycles that were rolled back and survived.
         self.loop_errors = 0
         self._kicked = False  # something changed that the scheduler should look at
-        self._last_cycle = 0.0
+        self._last_cycle = float("-inf")
         # Operations per transaction (group commit). 1 turns batching off: bench/submit.py
         # runs that as its baseline.
         self.max_batch = max(1, int(os.environ.get("PHALANX_MAX_BATCH", "2000")))
@@ -77,7 +80,7 @@ class ControlThread:
         """Rebuild the mirror from the database (start-up, also after a crash)."""
         m = self.mirror
         with self.engine.connect() as conn:
-            now = time.time()
+            now = self.clock.time()
             for known in store.all_nodes(conn):
                 known.last_heartbeat = now  # a lease's grace after a head restart
                 m.nodes[known.name] = known
@@ -124,17 +127,30 @@ class ControlThread:
     def call(self, fn: Callable[[Tx], T], timeout: float = 60.0) -> T:
         return self.submit_op(fn).result(timeout)
 
+    def run_now(self, fn: Callable[[Tx], T] | None = None, *, tick: bool = False) -> T | None:
+        """Run `fn` (and the clock's tick when `tick`, and a scheduling cycle if one is due)
+        as one batch in the caller's thread, and return its result; for a control loop that
+        was not started (in-process tests on a fake clock, phalanx.testing.headloop)."""
+        if self._thread.is_alive():
+            raise RuntimeError("run_now is for a control loop whose thread was not started")
+        future: Future[T] = Future()
+        ops = [] if fn is None else [_Op(fn, future)]
+        paused = self._pauses.paused(self.clock.monotonic()) if tick else 0.0
+        self._batch(ops, tick, paused)
+        return future.result(timeout=0) if ops else None
+
     def _run(self) -> None:
         settings = self.mirror.settings
-        next_tick = time.monotonic()
-        pauses = clock.PauseWatch(settings, next_tick)
+        mono = self.clock.monotonic
+        next_tick = mono()
+        self._pauses = timed.PauseWatch(settings, next_tick)
         while not self._stopping:
             ops: list[_Op] = []
             wake = next_tick
             if self._kicked:
                 wake = min(wake, self._last_cycle + CYCLE_MIN_INTERVAL_S)
             try:
-                first = self._queue.get(timeout=max(0.0, wake - time.monotonic()))
+                first = self._queue.get(timeout=max(0.0, wake - mono()))
                 if first is not None:
                     ops.append(first)
                 while len(ops) < self.max_batch:
@@ -143,11 +159,11 @@ class ControlThread:
                         ops.append(more)
             except queue.Empty:
                 pass
-            tick = time.monotonic() >= next_tick
+            tick = mono() >= next_tick
             paused = 0.0
             if tick:
-                next_tick = time.monotonic() + settings.tick_s
-                paused = pauses.paused(time.monotonic())
+                next_tick = mono() + settings.tick_s
+                paused = self._pauses.paused(mono())
             self._batch(ops, tick, paused)
 
     def _connect(self) -> Connection:
@@ -182,13 +198,13 @@ class ControlThread:
             else:  # the clock or the scheduler: try them again a tick later, not at once
                 tick = False
                 self._kicked = False
-                self._last_cycle = time.monotonic() + self.mirror.settings.tick_s
+                self._last_cycle = self.clock.monotonic() + self.mirror.settings.tick_s
 
     def _try_batch(self, ops: list[_Op], tick: bool, paused: float) -> tuple[bool, _Op | None]:
         """One attempt of `_batch`: (False, None) when committed and answered; (True, op)
         when `op` (None: the clock or the scheduler) raised and all was rolled back.
         `paused`: seconds the control thread itself was stopped (SIGSTOP, a frozen VM)."""
-        tx = Tx(self._connect)
+        tx = Tx(self._connect, self.clock.time())
         results: list[tuple[_Op, Any, BaseException | None]] = []
         try:
             with self.lock:
@@ -201,16 +217,17 @@ class ControlThread:
                         except HeadError as e:  # refused before changing anything
                             results.append((op, None, e))
                     current = None
-                    now = time.time()
+                    now = tx.now
                     if tick:
-                        clock.tick(self.mirror, tx, now, paused)
+                        timed.tick(self.mirror, tx, now, paused)
                     self._kicked = self._kicked or tx.kick or self.mirror.core_dirty
-                    due = time.monotonic() >= self._last_cycle + CYCLE_MIN_INTERVAL_S
+                    mono = self.clock.monotonic()
+                    due = mono >= self._last_cycle + CYCLE_MIN_INTERVAL_S
                     if tick or (self._kicked and due):
                         scheduling.cycle(self.mirror, tx, now)
                         self.cycles += 1
                         self._kicked = False
-                        self._last_cycle = time.monotonic()
+                        self._last_cycle = mono
                 except Exception:
                     self.loop_errors += 1
                     where = "an operation" if current is not None else "the clock or a cycle"

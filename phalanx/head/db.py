@@ -93,6 +93,8 @@ nodes = Table(
     Column("reason", Text, nullable=True),
     Column("registered", Float, nullable=False),
     Column("confinement", String(200), nullable=True),  # cgroup-v1 | cgroup-v2 (…) | none: …
+    Column("drain_cause", String(16), nullable=True),  # admin | health_check | gpu_fault
+    Column("drain_reason", Text, nullable=True),  # kept while the node is down, too
 )
 
 jobs = Table(
@@ -141,6 +143,10 @@ events = Table(
     Column("node", String(128), nullable=True),
     Column("kind", String(32), nullable=False),
     Column("message", Text, nullable=False),
+    # A state move's typed record (core.lifecycle): from → to in allocation `epoch`.
+    Column("from_state", String(8), nullable=True),
+    Column("to_state", String(8), nullable=True),
+    Column("epoch", Integer, nullable=True),
 )
 Index("ix_events_job", events.c.job_id)
 Index("ix_events_node", events.c.node)

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import os
 import re
-import time
 
 from phalanx.api.models import JobSpec, SubmitResponse
 from phalanx.core import JobState
-from phalanx.head import lifecycle, store
+from phalanx.head import corestate, lifecycle, store
 from phalanx.head.auth import Principal, allowed_qos
 from phalanx.head.control import HeadError
 from phalanx.head.mirror import Mirror, Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord
-from phalanx.head.scheduling import core_request
 
 
 def submit(
@@ -68,7 +66,7 @@ def submit(
             f"you have {live} queued or running jobs; this submit of {len(indices)} would pass "
             f"the limit of {cap_live} per user: wait for some to end",
         )
-    now = time.time()
+    now = tx.now
     first = mirror.next_job_id
     mirror.next_job_id += len(indices)
     cap = spec.array.max_parallel if spec.array and spec.array.max_parallel else len(indices)
@@ -82,7 +80,7 @@ def submit(
             account=spec.account,
             qos=spec.qos,
             priority=QOS_PRIORITY[spec.qos],
-            state="PD",
+            state=JobState.PENDING,
             spec=spec,  # as submitted (frozen: an array's tasks share it); `team` decided
             submit_time=now,
             array_job_id=first if spec.array else None,
@@ -99,14 +97,7 @@ def submit(
     for rec in records:
         mirror.jobs[rec.id] = rec
         tx.event(now, "submitted", f"submitted by {who.user} to team {team}", rec.id)
-    core = mirror.core
-    if core is not None and not mirror.core_dirty:
-        unknown = [j for j in deps if core.lookup(j) is None]
-        for job_id, (started, final) in store.outcomes(tx.conn, unknown).items():
-            core.remember(job_id, started, JobState(final))
-        for rec in records:
-            if rec.in_core:
-                core.submit(core_request(mirror, rec), now)
+    corestate.queue(mirror, tx, records, now)
     tx.kick = True
     return SubmitResponse(
         job_ids=[r.id for r in records], array_job_id=first if spec.array else None
@@ -196,15 +187,16 @@ def _check_capacity(mirror: Mirror, spec: JobSpec) -> None:
 def signal(mirror: Mirror, tx: Tx, who: Principal, job_id: int, sig: str) -> JobRecord:
     """`phalanx cancel --signal SIG`: the job's agents deliver SIG to its processes once."""
     rec = _own_live_job(mirror, tx, who, job_id)
-    if rec.state not in ("R", "PR") or rec.stopping is not None:
-        raise HeadError(409, f"job {job_id} is not running ({rec.state}): nothing to signal")
-    lifecycle.notify(mirror, tx, rec, sig, f"sent by {who.user or 'an admin'}", time.time())
+    if not rec.state.running or rec.stopping is not None:
+        what = rec.state.value
+        raise HeadError(409, f"job {job_id} is not running ({what}): nothing to signal")
+    lifecycle.notify(mirror, tx, rec, sig, f"sent by {who.user or 'an admin'}", tx.now)
     return rec
 
 
 def cancel(mirror: Mirror, tx: Tx, who: Principal, job_id: int) -> JobRecord:
     rec = _own_live_job(mirror, tx, who, job_id)
-    lifecycle.cancel(mirror, tx, rec, time.time(), who.user or "an admin")
+    lifecycle.cancel(mirror, tx, rec, tx.now, who.user or "an admin")
     return rec
 
 
@@ -215,7 +207,7 @@ def _own_live_job(mirror: Mirror, tx: Tx, who: Principal, job_id: int) -> JobRec
         ended = store.job(tx.conn, job_id)
         if ended is None or not who.may_see_job(ended.user, ended.team):
             raise HeadError(404, f"no job {job_id}")
-        raise HeadError(409, f"job {job_id} already ended ({ended.state})")
+        raise HeadError(409, f"job {job_id} already ended ({ended.state.value})")
     if not who.may_see_job(rec.user, rec.team):
         raise HeadError(403, f"job {job_id} belongs to {rec.user} (team {rec.team})")
     return rec

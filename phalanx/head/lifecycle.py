@@ -1,11 +1,14 @@
-"""How a job is torn down, and what it becomes after: ended, or requeued to run again."""
+"""A job's life in the head: started, noticed, torn down, then ended or requeued. Every
+change of its state goes through `move`, which checks it against the core's state machine
+(core.lifecycle) and records it as a typed event."""
 
 from __future__ import annotations
 
 import logging
 
 from phalanx.api.models import Notice
-from phalanx.core import JobState
+from phalanx.core import JobState, move_job
+from phalanx.head import auth, corestate
 from phalanx.head.mirror import Mirror, Tx
 from phalanx.head.records import JobRecord
 
@@ -14,12 +17,12 @@ log = logging.getLogger("phalanx.head")
 # Why a job is torn down → the state it ends in. "preempt" and "requeue" put it back in
 # the queue instead (PD).
 FINAL_STATE = {
-    "complete": "CD",
-    "fail": "F",
-    "cancel": "CA",
-    "timeout": "TO",
-    "node_fail": "NF",
-    "oom": "OOM",
+    "complete": JobState.COMPLETED,
+    "fail": JobState.FAILED,
+    "cancel": JobState.CANCELLED,
+    "timeout": JobState.TIMEOUT,
+    "node_fail": JobState.NODE_FAIL,
+    "oom": JobState.OUT_OF_MEMORY,
 }
 REQUEUE = ("preempt", "requeue")
 LAUNCH_FAILED = "LaunchFailed: "
@@ -27,6 +30,42 @@ LAUNCH_FAILED = "LaunchFailed: "
 # of the job it failed (when enough other nodes exist).
 BLAME_THRESHOLD = 2
 BLAME_WINDOW_S = 3600.0
+
+
+def move(tx: Tx, rec: JobRecord, to: JobState, kind: str, message: str, now: float) -> None:
+    """The one way a job's state changes: checked (IllegalTransition for a move the state
+    machine does not allow: a bug, rolled back by the control loop) and recorded as event
+    `kind` with its typed transition."""
+    transition = move_job(rec.id, rec.state, to, message, rec.epoch, now)
+    rec.state = to
+    tx.event(now, kind, message, rec.id, move=transition)
+
+
+def start(
+    mirror: Mirror,
+    tx: Tx,
+    rec: JobRecord,
+    placement: list[tuple[str, list[int]]],
+    now: float,
+) -> None:
+    """The core started the job on `placement` (node → GPUs, in rank order): a new epoch
+    (the fencing token every launch and report carries), sent to each of its nodes."""
+    rec.epoch += 1
+    rec.start_time = now
+    rec.end_time = None
+    rec.reason = rec.reason_message = None
+    rec.placement = placement
+    rec.master_port = None
+    rec.step_token = auth.new_step_token()
+    rec.ranks = {}
+    rec.stop_version = {}
+    rec.all_running_at = None
+    where = ", ".join(f"{n}[{','.join(map(str, g))}]" for n, g in placement)
+    move(tx, rec, JobState.RUNNING, "started", f"allocated {where}; epoch {rec.epoch}", now)
+    tx.update_job(rec)
+    for node, _ in placement:
+        mirror.node_jobs.setdefault(node, set()).add(rec.id)
+        mirror.bump(tx, node)
 
 
 def begin_stop(
@@ -43,13 +82,20 @@ def begin_stop(
         return
     rec.stopping = why
     rec.pending_exit = exit_code
-    rec.state = "CG"
     rec.notice_deadline = None
+    if rec.state is JobState.PENDING:
+        # Never started (a cancel while queued): it ends at once, nothing to stop; queued
+        # is where a requeue would put it anyway.
+        if why in REQUEUE:
+            rec.stopping = rec.pending_exit = None
+        else:
+            finalize(mirror, tx, rec, now)
+        return
+    move(tx, rec, JobState.COMPLETING, "stopping", message, now)
     for node, _ in rec.placement:
         mirror.bump(tx, node)
         rec.stop_version[node] = mirror.nodes[node].version if node in mirror.nodes else 0
     tx.update_job(rec)
-    tx.event(now, "stopping", message, rec.id)
     settle(mirror, tx, rec, now)
 
 
@@ -133,7 +179,7 @@ def fenced(mirror: Mirror, node: str, now: float) -> bool:
     rec = mirror.nodes.get(node)
     if rec is None:
         return True
-    if rec.state != "down" or rec.last_heartbeat is None:
+    if rec.state.heard or rec.last_heartbeat is None:
         return False
     s = mirror.settings
     return now - rec.last_heartbeat > s.lease_s + s.requeue_margin_s
@@ -147,35 +193,28 @@ def finalize(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
         last = rec.progress[min(rec.progress)]
         loss = "" if last.loss is None else f", loss {last.loss:.4f}"
         tx.event(now, "progress", f"last report: step {last.step}{loss}", rec.id)
-    core = mirror.core
     for node, _ in rec.placement:
         mirror.node_jobs.get(node, set()).discard(rec.id)
     if why in REQUEUE:
-        if core is not None and rec.id in core.running:
-            core.requeue(rec.id, now)
-        rec.state = "PD"
+        corestate.requeue(mirror, rec, now)
         rec.restart_count += 1
         if why == "preempt":
             rec.reason, rec.reason_message = "Preempted", "preempted; requeued to run again"
         message = rec.reason_message or "requeued"
         max_restarts = rec.spec.max_restarts
-        tx.event(
-            now, "requeued", f"{message}; restart {rec.restart_count} (max {max_restarts})", rec.id
-        )
+        restart = f"restart {rec.restart_count} (max {max_restarts})"
+        move(tx, rec, JobState.PENDING, "requeued", f"{message}; {restart}", now)
         _reset_allocation(rec)
-        _refresh_core_request(mirror, rec)
         tx.update_job(rec)
         tx.kick = True
         return
     final = FINAL_STATE[why]
-    if core is not None and rec.in_core and (rec.id in core.running or rec.id in core.pending):
-        core.finish(rec.id, now, JobState(final))
-    rec.state = final
+    corestate.finish(mirror, rec, final, now)
     rec.end_time = now
-    rec.exit_code = rec.pending_exit or ("0:0" if final == "CD" else "0:15")
-    if final != "CD" and rec.reason is None:
+    rec.exit_code = rec.pending_exit or ("0:0" if final is JobState.COMPLETED else "0:15")
+    if final is not JobState.COMPLETED and rec.reason is None:
         rec.reason = why
-    tx.event(now, "ended", f"{final} exit {rec.exit_code}", rec.id)
+    move(tx, rec, final, "ended", f"{final.value} exit {rec.exit_code}", now)
     _reset_allocation(rec, keep_placement=True)
     tx.update_job(rec)
     del mirror.jobs[rec.id]
@@ -188,20 +227,14 @@ def _failed_with_its_node(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) ->
     """A rank failed and one of the job's nodes went down meanwhile: when a node dies, its
     peers' collectives fail first (seconds before the lease runs out), so the node, not
     the job, is to blame: requeue it as a node failure while its restarts last."""
-    dead = [n for n, _ in rec.placement if n in mirror.nodes and mirror.nodes[n].state == "down"]
+    nodes = mirror.nodes
+    dead = [n for n, _ in rec.placement if n in nodes and not nodes[n].state.heard]
     if not dead or not rec.spec.requeue or rec.restart_count >= rec.spec.max_restarts:
         return "fail"
     message = f"node {', '.join(dead)} stopped answering while the job ran"
     rec.reason, rec.reason_message = "NodeFail", message
     tx.event(now, "nodefail", message, rec.id, node=dead[0])
     return "requeue"
-
-
-def _refresh_core_request(mirror: Mirror, rec: JobRecord) -> None:
-    """The core queued the requeued job with its old request: rebuild it with the nodes it
-    must now avoid (rare: only after a node failed jobs repeatedly)."""
-    if rec.avoid:
-        mirror.core_dirty = True
 
 
 def _reset_allocation(rec: JobRecord, keep_placement: bool = False) -> None:
@@ -224,11 +257,9 @@ def cancel(mirror: Mirror, tx: Tx, rec: JobRecord, now: float, by: str) -> None:
     if rec.placement:
         begin_stop(mirror, tx, rec, "cancel", "0:15", f"cancelled by {by}", now)
         return
-    rec.stopping = "cancel"
-    rec.pending_exit = "0:0"
     rec.reason = "cancelled"
     tx.event(now, "cancelled", f"cancelled by {by} while pending", rec.id)
-    finalize(mirror, tx, rec, now)
+    begin_stop(mirror, tx, rec, "cancel", "0:0", f"cancelled by {by} while pending", now)
 
 
 def notify(
@@ -253,16 +284,16 @@ def notify(
 def preempt(mirror: Mirror, tx: Tx, rec: JobRecord, for_job: int, now: float) -> None:
     """Cooperative preemption: a notice first; the job may checkpoint and exit (any exit
     then requeues it); past the deadline it is stopped (SIGTERM, then SIGKILL)."""
-    if rec.stopping is not None or rec.state == "PR":
+    if rec.stopping is not None or rec.state is not JobState.RUNNING:
         return
     grace = rec.spec.preempt_grace_s
     grace_s = mirror.settings.preempt_grace_s if grace is None else float(grace)
     if grace_s <= 0:
         begin_stop(mirror, tx, rec, "preempt", None, f"preempted for job {for_job}", now)
         return
-    rec.state = "PR"
     rec.notice_deadline = now + grace_s
     why = f"preempted for job {for_job}: checkpoint and exit within {grace_s:g} s"
+    move(tx, rec, JobState.PREEMPTED, "preempting", why, now)
     notify(mirror, tx, rec, rec.spec.preempt_signal, why, now)
 
 
@@ -273,12 +304,9 @@ def _release_array_task(mirror: Mirror, tx: Tx, ended: JobRecord, now: float) ->
     waiting = [
         r
         for r in mirror.jobs.values()
-        if r.array_job_id == ended.array_job_id and not r.in_core and r.state == "PD"
+        if r.array_job_id == ended.array_job_id and not r.in_core and r.state is JobState.PENDING
     ]
     if waiting:
         nxt = min(waiting, key=lambda r: r.id)
         nxt.in_core = True
-        if mirror.core is not None:
-            from phalanx.head.scheduling import core_request
-
-            mirror.core.submit(core_request(mirror, nxt), nxt.submit_time)
+        corestate.queue(mirror, tx, [nxt], nxt.submit_time)

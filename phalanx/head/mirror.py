@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from phalanx.core import ClusterState, Decisions, Team
+from phalanx.core import ClusterState, Decisions, JobTransition, NodeTransition, Team
 from phalanx.head import store
 from phalanx.head.records import JobRecord, NodeRecord
 
@@ -86,13 +86,16 @@ class Tx:
     `commit` or `rollback`, `connection` is open with no transaction, to reuse or close.
     """
 
-    def __init__(self, connect: Callable[[], Connection]) -> None:
+    def __init__(self, connect: Callable[[], Connection], now: float) -> None:
         self._connect = connect
+        self.now = now  # the head's clock when the batch began: every change in it is "now"
         self.connection: Connection | None = None
         self._events: list[dict[str, Any]] = []
         self._new_jobs: list[JobRecord] = []
         self.kick = False  # run a scheduling cycle before committing
         self.touched_nodes: set[str] = set()
+        # The state transitions of this transaction, in order (what tests and watchers read).
+        self.moves: list[JobTransition | NodeTransition] = []
 
     @property
     def conn(self) -> Connection:
@@ -108,10 +111,26 @@ class Tx:
         message: str,
         job_id: int | None = None,
         node: str | None = None,
+        move: JobTransition | NodeTransition | None = None,
     ) -> None:
-        self._events.append(
-            {"time": now, "kind": kind, "message": message, "job_id": job_id, "node": node}
-        )
+        """Record an event; `move` is the state transition it reports, stored typed."""
+        row: dict[str, Any] = {
+            "time": now,
+            "kind": kind,
+            "message": message,
+            "job_id": job_id,
+            "node": node,
+            "from_state": None,
+            "to_state": None,
+            "epoch": None,
+        }
+        if move is not None:
+            row["from_state"] = move.from_state.value
+            row["to_state"] = move.to_state.value
+            if isinstance(move, JobTransition):
+                row["epoch"] = move.epoch
+            self.moves.append(move)
+        self._events.append(row)
 
     def insert_jobs(self, records: list[JobRecord]) -> None:
         """New jobs, inserted together at commit (one statement for a whole batch)."""

@@ -13,7 +13,7 @@ def pick(mirror: Mirror) -> dict[str, list[str]]:
     """Every node's peers: the nodes it shares a job with first (a gang's nodes see the same
     head), then others spread evenly around the sorted ring of names (so that one rack or one
     switch is unlikely to hold them all); never a node that is down. Pure; O(nodes × 8)."""
-    ring = sorted(name for name, n in mirror.nodes.items() if n.state != "down")
+    ring = sorted(name for name, n in mirror.nodes.items() if n.state.heard)
     where = {name: i for i, name in enumerate(ring)}
     out: dict[str, list[str]] = {}
     for name in mirror.nodes:

@@ -16,6 +16,7 @@ from phalanx.api.models import (
     Notice,
     ProcessStatus,
 )
+from phalanx.core import DrainCause, JobState, NodeState
 
 QOS_PRIORITY: dict[str, int] = {"low": 0, "normal": 100, "high": 1000}
 
@@ -31,7 +32,7 @@ class JobRecord:
     account: str | None
     qos: str
     priority: int
-    state: str
+    state: JobState  # changed only by head.lifecycle.move (a checked, recorded transition)
     spec: JobSpec
     submit_time: float
     reason: str | None = None
@@ -60,10 +61,6 @@ class JobRecord:
     in_core: bool = False
     progress: dict[int, JobProgress] = field(default_factory=dict)  # rank → latest report
     progress_at: dict[int, float] = field(default_factory=dict)  # rank → when it arrived
-
-    @property
-    def terminal(self) -> bool:
-        return self.state in ("CD", "F", "CA", "TO", "NF", "OOM")
 
     def expected_ranks(self, node_rank: int) -> list[int]:
         """Global ranks the agent of the `node_rank`-th node starts (batch: rank 0 only)."""
@@ -96,7 +93,7 @@ class JobRecord:
             "account": self.account,
             "qos": self.qos,
             "priority": self.priority,
-            "state": self.state,
+            "state": self.state.value,
             "reason": code,
             "reason_message": message,
             "nodes": spec.nodes,
@@ -128,7 +125,7 @@ class JobRecord:
             "account": self.account,
             "qos": self.qos,
             "priority": self.priority,
-            "state": self.state,
+            "state": self.state.value,
             "reason": self.reason,
             "reason_message": self.reason_message,
             "spec_json": self.spec.model_dump_json(),
@@ -164,7 +161,7 @@ class JobRecord:
             account=row.account,
             qos=row.qos,
             priority=row.priority,
-            state=row.state,
+            state=JobState(row.state),
             spec=JobSpec.model_validate_json(row.spec_json),
             submit_time=row.submit_time,
             reason=row.reason,
@@ -204,8 +201,12 @@ class NodeRecord:
     memory_mb: int
     gpus: list[GpuInfo]
     labels: dict[str, str]
-    state: str  # up | down | drain
-    reason: str | None
+    state: NodeState  # changed only by head.nodestates.move (checked, recorded)
+    down_reason: str | None = None  # why it is down (state DOWN only)
+    # Why it is out of service, and who took it out; kept while it is down, so a drained
+    # node that goes silent comes back drained.
+    drain_cause: DrainCause | None = None
+    drain_reason: str | None = None
     last_heartbeat: float | None = None
     health_seq: int = 0  # the newest GPU health event handled (acknowledged to the agent)
     version: int = 0  # desired-state version; bumped whenever what it must run changes
@@ -213,7 +214,16 @@ class NodeRecord:
 
     @property
     def schedulable(self) -> bool:
-        return self.state == "up"
+        return self.state.schedulable
+
+    @property
+    def reason(self) -> str | None:
+        """What `phalanx nodes` shows: why it is down (and drained), or drained."""
+        if self.state is NodeState.DOWN:
+            if self.drain_cause is not None:
+                return f"{self.down_reason}; was drained: {self.drain_reason}"
+            return self.down_reason
+        return self.drain_reason if self.state is NodeState.DRAIN else None
 
     def row(self) -> dict[str, Any]:
         return {
@@ -225,9 +235,11 @@ class NodeRecord:
             "memory_mb": self.memory_mb,
             "gpus_json": json.dumps([g.model_dump() for g in self.gpus]),
             "labels_json": json.dumps(self.labels),
-            "state": self.state,
+            "state": self.state.value,
             "reason": self.reason,
             "confinement": self.confinement,
+            "drain_cause": None if self.drain_cause is None else self.drain_cause.value,
+            "drain_reason": self.drain_reason,
         }
 
     @classmethod
@@ -241,15 +253,17 @@ class NodeRecord:
             memory_mb=row.memory_mb,
             gpus=[GpuInfo.model_validate(g) for g in json.loads(row.gpus_json)],
             labels=dict(json.loads(row.labels_json)),
-            state=row.state,
-            reason=row.reason,
+            state=NodeState(row.state),
+            down_reason=row.reason if row.state == NodeState.DOWN.value else None,
+            drain_cause=None if row.drain_cause is None else DrainCause(row.drain_cause),
+            drain_reason=row.drain_reason,
             confinement=row.confinement or "unknown",
         )
 
     def info(self, jobs: list[int], gpus_used: int, now: float | None = None) -> NodeInfo:
         now = time.time() if now is None else now
-        state = self.state
-        if state == "drain" and jobs:
+        state = self.state.value
+        if self.state is NodeState.DRAIN and jobs:
             state = "draining"
         age = None if self.last_heartbeat is None else max(0.0, now - self.last_heartbeat)
         return NodeInfo(

@@ -4,24 +4,18 @@ from __future__ import annotations
 
 from phalanx.api.models import REQUEUE_EXIT_CODE, Heartbeat, NodeHealth, ProcessStatus
 from phalanx.api.xid import classify
-from phalanx.head import store
+from phalanx.core import DrainCause, JobState, NodeState
+from phalanx.head import nodestates
 from phalanx.head.lifecycle import LAUNCH_FAILED, begin_stop, launch_failed, restart_or_end, settle
 from phalanx.head.mirror import Mirror, Tx
 from phalanx.head.records import JobRecord, NodeRecord
-
-NO_HEARTBEAT = "no heartbeat"
-HEALTH_CHECK = "health check failed: "
-WAS_DRAINED = "; was drained: "
 
 
 def heartbeat(mirror: Mirror, tx: Tx, node: NodeRecord, hb: Heartbeat, now: float) -> None:
     """Apply one agent report: liveness, master ports, GPU health and every rank's status."""
     node.last_heartbeat = now
-    reason = node.reason or ""
-    if node.state == "down" and reason.startswith(NO_HEARTBEAT):
-        _, drained, why = reason.partition(WAS_DRAINED)
-        state = "drain" if drained else "up"
-        set_node_state(mirror, tx, node, state, why or None, now, "node_up", "heartbeats resumed")
+    if node.state is NodeState.DOWN:
+        nodestates.heard(mirror, tx, node, now)
     _master_ports(mirror, tx, node, hb)
     reports: dict[int, list[ProcessStatus]] = {}
     for p in hb.processes:
@@ -42,26 +36,6 @@ def heartbeat(mirror: Mirror, tx: Tx, node: NodeRecord, hb: Heartbeat, now: floa
         rec.ranks[node.name] = {p.rank: p for p in procs}
         _evaluate(mirror, tx, rec, node.name, now)
     _health(mirror, tx, node, hb.health, now)
-
-
-def set_node_state(
-    mirror: Mirror,
-    tx: Tx,
-    node: NodeRecord,
-    state: str,
-    reason: str | None,
-    now: float,
-    kind: str,
-    message: str,
-) -> None:
-    """Change a node's state (up, down, drain) durably, with an event, and tell the core."""
-    node.state, node.reason = state, reason
-    store.set_node_state(tx.conn, node)
-    tx.event(now, kind, message, node=node.name)
-    core = mirror.core
-    if core is not None and node.name in core.node_index:
-        core.set_node_up(node.name, node.schedulable, reason or state)
-    tx.kick = True
 
 
 def _master_ports(mirror: Mirror, tx: Tx, node: NodeRecord, hb: Heartbeat) -> None:
@@ -88,7 +62,7 @@ def _evaluate(mirror: Mirror, tx: Tx, rec: JobRecord, reporter: str, now: float)
     """
     statuses = {rank: p for ranks in rec.ranks.values() for rank, p in ranks.items()}
     expected = [r for i in range(len(rec.placement)) for r in rec.expected_ranks(i)]
-    if rec.state == "PR":
+    if rec.state is JobState.PREEMPTED:
         # Preempted: each rank checkpoints and exits in its own time (a rank that exits
         # first must not cut the others' saves short); the deadline bounds the wait.
         if all(r in statuses and not statuses[r].running for r in expected):
@@ -173,8 +147,9 @@ def _health(mirror: Mirror, tx: Tx, node: NodeRecord, health: NodeHealth, now: f
         what = f"XID {ev.code}" if ev.kind == "xid" else ev.kind.replace("_", " ")
         where = "node" if ev.gpu is None else f"GPU {ev.gpu}"
         message = f"{where}: {what}: {ev.message}"
-        if action == "drain" and node.state != "drain":
-            set_node_state(mirror, tx, node, "drain", message, now, "node_drain", message)
+        if action == "drain" and node.drain_cause in (None, DrainCause.HEALTH_CHECK):
+            # Stronger than a health check's drain: the check passing does not undo it.
+            nodestates.drain(mirror, tx, node, DrainCause.GPU_FAULT, message, now)
         for rec in _jobs_on_gpu(mirror, node.name, ev.gpu, ev.time):
             if action == "drain":
                 restart_or_end(
@@ -182,12 +157,7 @@ def _health(mirror: Mirror, tx: Tx, node: NodeRecord, health: NodeHealth, now: f
                 )
             else:
                 begin_stop(mirror, tx, rec, "fail", None, f"{node.name} {message}", now)
-    failure = health.check_failure
-    if failure is not None and node.state == "up":
-        reason = HEALTH_CHECK + failure
-        set_node_state(mirror, tx, node, "drain", reason, now, "node_drain", reason)
-    elif failure is None and node.state == "drain" and (node.reason or "").startswith(HEALTH_CHECK):
-        set_node_state(mirror, tx, node, "up", None, now, "node_resume", "health checks pass")
+    nodestates.health_check(mirror, tx, node, health.check_failure, now)
 
 
 def _jobs_on_gpu(mirror: Mirror, node: str, gpu: int | None, since: float) -> list[JobRecord]:

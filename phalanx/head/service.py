@@ -7,14 +7,14 @@ import contextlib
 import os
 import secrets
 import ssl
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import ValidationError
 
 from phalanx.api import models as m
-from phalanx.head import auth, jobs, lifecycle, peers, reports, store
+from phalanx.core import DrainCause
+from phalanx.head import auth, jobs, lifecycle, nodestates, reports, store
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.certs import AgentSigner
 from phalanx.head.control import ControlThread, HeadError, _core_team
@@ -36,7 +36,7 @@ class Head:
         # head checks them when it calls an agent (log reads, fault injection).
         self.signer: AgentSigner | None = None
         self.agent_verify: ssl.SSLContext | bool = True
-        self.now: Callable[[], float] = time.time  # token expiry and node liveness read it
+        self.now: Callable[[], float] = control.clock.time  # token expiry, node liveness
         control.on_commit = self._on_commit
         # What agents accept from each other when they ask one another about the head during
         # an outage (docs/fault-tolerance.md#head-outages). Each head has its own; agents
@@ -204,7 +204,7 @@ class Head:
             rec = self.mirror.jobs.get(job_id)
             if rec is not None:
                 rec.progress[report.rank] = report
-                rec.progress_at[report.rank] = time.time()
+                rec.progress_at[report.rank] = self.now()
 
     def log_source(self, rec: JobRecord, rank: int) -> NodeRecord:
         """The node that holds rank `rank`'s logs."""
@@ -226,7 +226,7 @@ class Head:
 
     # ------------------------------------------------------------------ nodes
     def nodes(self) -> m.NodeList:
-        now = time.time()
+        now = self.now()
         with self.control.lock:
             out = []
             for node in sorted(self.mirror.nodes.values(), key=lambda n: n.name):
@@ -246,12 +246,11 @@ class Head:
             node = self.mirror.nodes.get(name)
             if node is None:
                 raise HeadError(404, f"no node {name!r}")
-            now = time.time()
+            now = tx.now
             if reason is not None:
-                reports.set_node_state(self.mirror, tx, node, "drain", reason, now, "drain", reason)
+                nodestates.drain(self.mirror, tx, node, DrainCause.ADMIN, reason, now, "drain")
             else:
-                message = "back in service"
-                reports.set_node_state(self.mirror, tx, node, "up", None, now, "resume", message)
+                nodestates.resume(self.mirror, tx, node, "back in service", now, "resume")
 
         self.control.call(op)
         return next(n for n in self.nodes().nodes if n.name == name)
@@ -276,7 +275,7 @@ class Head:
         agent_cert = self._agent_cert(req)  # a bad request changes nothing
 
         def op(tx: Tx) -> None:
-            now = time.time()
+            now = tx.now
             old = self.mirror.nodes.get(req.name)
             if who.kind == "join":
                 if old is not None and self._holds_name(old, now):
@@ -290,32 +289,9 @@ class Head:
                     )
                 if who.single_use and not store.use_single_use_token(tx.conn, who.token_id):
                     raise HeadError(409, "this single-use join token was used already")
-            node = NodeRecord(
-                name=req.name,
-                address=req.address,
-                agent_url=req.agent_url,
-                agent_secret=req.agent_secret,
-                cpus=req.cpus,
-                memory_mb=req.memory_mb,
-                gpus=list(req.gpus),
-                labels=dict(req.labels),
-                confinement=req.confinement,
-                state=old.state if old is not None and old.state == "drain" else "up",
-                reason=old.reason if old is not None and old.state == "drain" else None,
-                last_heartbeat=now,
-                version=old.version if old is not None else 0,
-            )
-            self.mirror.nodes[req.name] = node
-            store.upsert_node(tx.conn, node, now, new=old is None)
+            nodestates.register(self.mirror, tx, req, now)
             store.revoke_node_tokens(tx.conn, req.name)
             store.add_token(tx.conn, auth.token_hash(token), "node", None, req.name, "", now)
-            gpus = f"{len(req.gpus)} × {req.gpus[0].model}" if req.gpus else "no GPUs"
-            kind = "node_joined" if old is None else "node_rejoined"
-            tx.event(now, kind, f"{req.address}, {gpus}", node=req.name)
-            self.mirror.core_dirty = True
-            # Peers at once, not at the next tick: a job may be placed before it, and an
-            # agent told no peers fences at the lease even through a head restart.
-            self.mirror.peer_lists = peers.pick(self.mirror)
 
         self.control.call(op)
         self.forget_principals()  # the node's old credential (or a spent join token) revoked
@@ -352,8 +328,8 @@ class Head:
             if node is None:
                 raise HeadError(404, f"no node {name!r}")
             store.revoke_node_tokens(tx.conn, name)
-            node.last_heartbeat = time.time() - self.mirror.settings.lease_s - 1
-            tx.event(time.time(), "node_replace", "credential revoked by an admin", node=name)
+            node.last_heartbeat = tx.now - self.mirror.settings.lease_s - 1
+            tx.event(tx.now, "node_replace", "credential revoked by an admin", node=name)
             tx.kick = True
 
         self.control.call(op)
@@ -370,7 +346,7 @@ class Head:
             node = self.mirror.nodes.get(hb.name)
             if node is None:
                 raise HeadError(404, f"node {hb.name!r} is not registered")
-            reports.heartbeat(self.mirror, tx, node, hb, time.time())
+            reports.heartbeat(self.mirror, tx, node, hb, tx.now)
 
         await self.control.run_async(op)
         node = self.mirror.nodes[hb.name]
@@ -398,7 +374,7 @@ class Head:
             assignments = []
             for job_id in sorted(self.mirror.node_jobs.get(name, set())):
                 rec = self.mirror.jobs.get(job_id)
-                if rec is None or rec.stopping is not None or rec.state not in ("R", "PR"):
+                if rec is None or rec.stopping is not None or not rec.state.running:
                     continue
                 try:
                     assignments.append(self._assignment(rec, name))
@@ -433,7 +409,7 @@ class Head:
             live = self.mirror.jobs.get(key[0])
             if live is not None and live.epoch == key[1]:
                 detail = f"its assignment on {node} is invalid: {problems}"
-                lifecycle.launch_failed(self.mirror, tx, live, detail, time.time(), node=node)
+                lifecycle.launch_failed(self.mirror, tx, live, detail, tx.now, node=node)
 
         self.control.submit_op(op)
 
@@ -507,7 +483,7 @@ class Head:
         _check_qos_names(team.qos)
 
         def op(tx: Tx) -> None:
-            store.put_team(tx.conn, team, time.time())
+            store.put_team(tx.conn, team, tx.now)
             core_team = _core_team(team)
             self.mirror.teams[team.name] = core_team
             if team.qos is None:
@@ -565,7 +541,7 @@ class Head:
                 teams,
                 req.team_admin_of,
                 default,
-                time.time(),
+                tx.now,
                 req.uid,
                 req.gid,
             )
@@ -644,7 +620,7 @@ class Head:
                 user,
                 None,
                 description,
-                time.time(),
+                tx.now,
                 expires=expires,
                 parent_id=minter.token_id if minter.user == user else None,
             )
@@ -668,7 +644,7 @@ class Head:
                 None,
                 None,
                 req.description or "agent join token",
-                time.time(),
+                tx.now,
                 expires=expires,
                 single_use=req.single_use,
                 bind_nodes=req.nodes,
@@ -723,7 +699,7 @@ def _matches(rec: JobRecord, user: str | None, team: str | None, states: set[str
     return (
         (user is None or rec.user == user)
         and (team is None or rec.team == team)
-        and (states is None or rec.state in states)
+        and (states is None or rec.state.value in states)
     )
 
 

@@ -13,10 +13,11 @@ from typing import Any
 from sqlalchemy import Connection, Dialect, Table, bindparam, delete, func, insert, select, update
 
 from phalanx.api.models import JobEvent, TeamSpec, TokenInfo, UserInfo
+from phalanx.core import JobState
 from phalanx.head import db
 from phalanx.head.records import JobRecord, NodeRecord
 
-LIVE_STATES = ("PD", "R", "CG", "PR")
+LIVE_STATES = tuple(s.value for s in JobState if not s.terminal)
 
 
 # ----------------------------------------------------------------------------- jobs
@@ -164,7 +165,29 @@ def job_events(conn: Connection, job_id: int) -> list[JobEvent]:
     rows = conn.execute(
         select(db.events).where(db.events.c.job_id == job_id).order_by(db.events.c.id)
     )
-    return [JobEvent(time=r.time, kind=r.kind, message=r.message, node=r.node) for r in rows]
+    return [
+        JobEvent(
+            time=r.time,
+            kind=r.kind,
+            message=r.message,
+            node=r.node,
+            from_state=r.from_state,
+            to_state=r.to_state,
+            epoch=r.epoch,
+        )
+        for r in rows
+    ]
+
+
+def node_moves(conn: Connection, node: str) -> list[tuple[str, str]]:
+    """A node's state transitions, (from, to), oldest first."""
+    e = db.events.c
+    rows = conn.execute(
+        select(e.from_state, e.to_state)
+        .where(e.node == node, e.job_id.is_(None), e.to_state.is_not(None))
+        .order_by(e.id)
+    )
+    return [(r.from_state, r.to_state) for r in rows]
 
 
 # ----------------------------------------------------------------------------- nodes
@@ -185,7 +208,12 @@ def set_node_state(conn: Connection, node: NodeRecord) -> None:
     conn.execute(
         update(db.nodes)
         .where(db.nodes.c.name == node.name)
-        .values(state=node.state, reason=node.reason)
+        .values(
+            state=node.state.value,
+            reason=node.reason,
+            drain_cause=None if node.drain_cause is None else node.drain_cause.value,
+            drain_reason=node.drain_reason,
+        )
     )
 
 

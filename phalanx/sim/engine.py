@@ -14,7 +14,15 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from phalanx.core import ClusterState, JobRequest, JobState, SchedulerConfig, gang_shape, schedule
+from phalanx.core import (
+    ClusterState,
+    JobRequest,
+    JobState,
+    SchedulerConfig,
+    apply_decisions,
+    gang_shape,
+    schedule,
+)
 from phalanx.core.placement import domain_of
 from phalanx.sim.failures import FailureModel
 from phalanx.sim.layout import ClusterLayout
@@ -241,10 +249,10 @@ class Simulator:
         if state.pending:
             decisions = schedule(state, now, cfg.scheduler)
             res.cycles += 1
-            for start in decisions.starts:
+            applied = apply_decisions(state, decisions, now)
+            for start in applied.starts:
                 job = self.jobs[start.job_id]
-                request = state.pending[start.job_id]
-                state.start(start.job_id, start.placement, now, start.borrowed)
+                request = state.running[start.job_id].request
                 domain = domain_of(state, start.placement)
                 if domain in ("block", "cluster"):
                     res.spread_jobs += 1
@@ -257,16 +265,9 @@ class Simulator:
                 self.busy += request.gpus
                 end = now + job.seg_restart + job.remaining * job.seg_rate
                 self._push(end, FINISH, start.job_id, job.epoch)
-            for preemption in decisions.preemptions:
-                for victim in preemption.victims:
-                    if victim in state.running and victim not in state.preempting:
-                        state.mark_preempting(victim, preemption.for_job)
-                        self._push(
-                            now + cfg.preemption_grace_s,
-                            PREEMPT_EXIT,
-                            victim,
-                            self.jobs[victim].epoch,
-                        )
+            for victim, _for_job in applied.notices:
+                due = now + cfg.preemption_grace_s
+                self._push(due, PREEMPT_EXIT, victim, self.jobs[victim].epoch)
         res.times.append(now)
         res.busy.append(self.busy)
         res.queued.append(len(state.pending))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 
+from phalanx.core.apply import apply_decisions as core_apply
 from phalanx.core.decisions import Decisions
 from phalanx.core.model import Dependency, JobRequest, Node, Placement
 from phalanx.core.state import ClusterState
@@ -156,8 +157,4 @@ def run_job(
 
 def apply_decisions(state: ClusterState, decisions: Decisions, now: float) -> None:
     """Apply a cycle's starts and preemption notices to the state, as the head would."""
-    for start in decisions.starts:
-        state.start(start.job_id, start.placement, now, start.borrowed)
-    for preemption in decisions.preemptions:
-        for victim in preemption.victims:
-            state.mark_preempting(victim, preemption.for_job)
+    core_apply(state, decisions, now)

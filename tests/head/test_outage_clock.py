@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 
 from phalanx.api.models import GpuInfo
 from phalanx.api.quorum import fresh_quorum, ride_quorum
+from phalanx.core import NodeState
 from phalanx.head import clock, db, peers
 from phalanx.head.migrate import upgrade
 from phalanx.head.mirror import Mirror, Settings, Tx
@@ -28,7 +29,7 @@ def engine(tmp_path: Path) -> Iterator[Engine]:
     engine.dispose()
 
 
-def node(name: str, last: float, state: str = "up") -> NodeRecord:
+def node(name: str, last: float, state: NodeState = NodeState.UP) -> NodeRecord:
     gpu = GpuInfo(index=0, uuid=f"GPU-{name}", model="H100", memory_mb=81920)
     return NodeRecord(
         name=name,
@@ -40,7 +41,6 @@ def node(name: str, last: float, state: str = "up") -> NodeRecord:
         gpus=[gpu],
         labels={},
         state=state,
-        reason=None,
         last_heartbeat=last,
     )
 
@@ -53,7 +53,7 @@ def mirror(*names: str) -> Mirror:
 
 
 def states(m: Mirror) -> dict[str, str]:
-    return {n.name: n.state for n in m.nodes.values()}
+    return {n.name: n.state.value for n in m.nodes.values()}
 
 
 def test_the_pause_watch_tells_a_frozen_loop_from_a_busy_one() -> None:
@@ -67,19 +67,19 @@ def test_a_head_that_was_paused_blames_no_node_for_its_own_silence(engine: Engin
     paused, blamed = mirror("a", "b", "c"), mirror("a", "b", "c")
     later = T0 + 60  # no tick ran for a minute: no heartbeat was heard either
     with engine.connect() as conn:
-        clock.tick(paused, Tx(lambda: conn), later, paused_s=59.5)
-        clock.tick(blamed, Tx(lambda: conn), later)
+        clock.tick(paused, Tx(lambda: conn, later), later, paused_s=59.5)
+        clock.tick(blamed, Tx(lambda: conn, later), later)
     assert states(paused) == {"a": "up", "b": "up", "c": "up"}
     assert states(blamed) == {"a": "down", "b": "down", "c": "down"}
     # Each node got a fresh lease from the moment the head ran again.
     with engine.connect() as conn:
-        clock.tick(paused, Tx(lambda: conn), later + SETTINGS.lease_s + 1)
+        clock.tick(paused, Tx(lambda: conn, later), later + SETTINGS.lease_s + 1)
     assert states(paused) == {"a": "down", "b": "down", "c": "down"}
 
 
 def test_every_node_gets_spread_peers_never_itself_nor_a_down_node() -> None:
     m = mirror(*(f"n{i:02d}" for i in range(40)))
-    m.nodes["n05"].state = "down"
+    m.nodes["n05"].state = NodeState.DOWN
     lists = peers.pick(m)
     assert set(lists) == set(m.nodes)
     for name, chosen in lists.items():
