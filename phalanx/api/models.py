@@ -12,6 +12,8 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints
 from pydantic_core import ErrorDetails
 
+from phalanx.api.states import JobStateCode
+
 MAX_NODES = 4096
 MAX_GPUS_PER_NODE = 62  # the core's per-node bitmask limit
 MAX_ARRAY_TASKS = 10_000
@@ -27,7 +29,6 @@ MAX_PEM = 8192  # characters in a PEM certificate or certificate request
 REQUEUE_EXIT_CODE = 75
 
 Launcher = Literal["torchrun", "node", "batch"]
-JobStateCode = Literal["PD", "R", "CG", "CD", "F", "CA", "TO", "NF", "OOM", "PR"]
 Role = Literal["user", "team_admin", "admin"]
 NodeStateName = Literal["up", "down", "drain", "draining"]
 DependencyType = Literal["after", "afterok", "afterany", "afternotok"]

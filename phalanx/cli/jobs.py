@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
+from phalanx.api.states import JOB_STATES
 from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
 from phalanx.cli.output import (
     STATE_STYLE,
@@ -25,7 +26,7 @@ from phalanx.cli.output import (
 if TYPE_CHECKING:
     from phalanx.api.models import JobInfo, JobList
 
-STATES = ("PD", "R", "CG", "CD", "F", "CA", "TO", "NF", "OOM", "PR")
+STATES = JOB_STATES
 
 
 def job_id_label(job: JobInfo) -> str:

@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
+from phalanx.api.states import TERMINAL_JOB_STATES
+
 if TYPE_CHECKING:
     from pydantic import BaseModel
     from rich.console import Console
 
-TERMINAL_STATES = frozenset({"CD", "F", "CA", "TO", "NF", "OOM"})
+TERMINAL_STATES = TERMINAL_JOB_STATES
 STATE_STYLE = {
     "PD": "yellow",
     "R": "green",

@@ -18,10 +18,11 @@ from rich.live import Live
 from rich.table import Table
 
 from phalanx.api.models import JobDetail, JobSpec
+from phalanx.api.states import TERMINAL_JOB_STATES
 from phalanx.client.api import PhalanxClient
 from phalanx.local.cluster import LocalCluster
 
-FINAL = ("CD", "F", "CA", "TO", "NF", "OOM")
+FINAL = TERMINAL_JOB_STATES
 
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from phalanx.api.models import JobInfo
+from phalanx.api.states import TERMINAL_JOB_STATES
 from phalanx.testing.workload import Life
 
-TERMINAL = frozenset({"CD", "F", "CA", "TO", "NF", "OOM"})
+TERMINAL = TERMINAL_JOB_STATES
 
 MAX_LISTED = 20  # violations listed in a verdict (all are counted)
 

@@ -348,3 +348,10 @@ def test_the_state_machines_refuse_what_they_do_not_allow() -> None:
     assert NodeState.UP.schedulable and not NodeState.DRAIN.schedulable
     assert [s.value for s in JobState if s.holds_gpus] == ["R", "CG", "PR"]
     assert [s.value for s in JobState if s.running] == ["R", "PR"]
+
+
+def test_the_wire_spells_the_same_states_as_the_core() -> None:
+    from phalanx.api.states import JOB_STATES, TERMINAL_JOB_STATES
+
+    assert set(JOB_STATES) == {s.value for s in JobState}
+    assert TERMINAL_JOB_STATES == {s.value for s in JobState if s.terminal}
