@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from phalanx.api.states import JOB_STATES, TERMINAL_JOB_STATES
 from phalanx.core import (
     JOB_MOVES,
     NODE_MOVES,
@@ -351,7 +352,5 @@ def test_the_state_machines_refuse_what_they_do_not_allow() -> None:
 
 
 def test_the_wire_spells_the_same_states_as_the_core() -> None:
-    from phalanx.api.states import JOB_STATES, TERMINAL_JOB_STATES
-
     assert set(JOB_STATES) == {s.value for s in JobState}
-    assert TERMINAL_JOB_STATES == {s.value for s in JobState if s.terminal}
+    assert {s.value for s in JobState if s.terminal} == TERMINAL_JOB_STATES
