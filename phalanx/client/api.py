@@ -396,10 +396,32 @@ class PhalanxClient:
         params = None if everyone else {"all": "false"}
         return self._call(TokenList, "GET", "/v1/tokens", params=params)
 
-    def revoke_token(self, token_id: int) -> None:
+    def revoke_token(self, token_id: int, force: bool = False) -> None:
         """Revoke a token by id (and those minted from it): it stops working at once (an
-        admin any, a user their own)."""
-        self._request("DELETE", f"/v1/tokens/{token_id}")
+        admin any, a user their own). The head refuses (409) to revoke the last working
+        admin token unless `force`."""
+        self._request("DELETE", f"/v1/tokens/{token_id}", params=_force(force))
+
+    def disable_user(self, name: str, force: bool = False) -> UserInfo:
+        """Disable a user: their tokens are refused at once (admin)."""
+        path = f"/v1/users/{quote(name, safe='')}/disable"
+        return self._call(UserInfo, "POST", path, params=_force(force))
+
+    def enable_user(self, name: str) -> UserInfo:
+        """Enable a disabled user again (admin)."""
+        return self._call(UserInfo, "POST", f"/v1/users/{quote(name, safe='')}/enable")
+
+    def delete_user(self, name: str, force: bool = False) -> None:
+        """Delete a user without live jobs; their tokens are revoked (admin)."""
+        self._request("DELETE", f"/v1/users/{quote(name, safe='')}", params=_force(force))
+
+    def delete_team(self, name: str) -> None:
+        """Delete a team without live jobs (admin)."""
+        self._request("DELETE", f"/v1/teams/{quote(name, safe='')}")
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node that is down and holds no job (admin)."""
+        self._request("DELETE", f"/v1/nodes/{quote(name, safe='')}")
 
     def create_join_token(self, spec: JoinTokenCreate | None = None) -> TokenIssued:
         """Issue a token agents use to join the cluster (admin): single use or not, its
@@ -417,6 +439,10 @@ class PhalanxClient:
     def set_team(self, team: TeamSpec) -> TeamInfo:
         """Create or update a team (admin)."""
         return self._call(TeamInfo, "PUT", f"/v1/teams/{team.name}", body=team)
+
+
+def _force(force: bool) -> dict[str, str] | None:
+    return {"force": "true"} if force else None
 
 
 def _head_urls(url: str | Sequence[str]) -> tuple[str, ...]:
