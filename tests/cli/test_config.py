@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from phalanx import __version__
+from phalanx.client.api import FIRST_CONTACT_RETRY_S
 from phalanx.client.config import (
     ConfigError,
     config_path,
@@ -148,3 +149,26 @@ def test_version_and_completion_options() -> None:
     shown = run_cli("--show-completion", "bash", env={"SHELL": "/bin/bash"})
     assert shown.returncode == 0 and "complete" in shown.stdout, shown.stderr
     assert "--install-completion" in run_cli("--help").stdout
+
+
+def test_typo_d_head_fails_without_the_long_retry(config_dir: Path, tmp_path: Path) -> None:
+    from phalanx.local.cluster import free_port
+
+    env = {"PHALANX_TOKEN": "t"}
+    run = ("--", "true")
+    # A name that does not resolve: no retry at all.
+    unknown = run_cli(
+        "submit", "--head", "http://no-such-head.invalid:8265", *run, env=env, cwd=tmp_path
+    )
+    assert unknown.returncode == 2
+    assert "unknown host 'no-such-head.invalid'" in unknown.stderr
+    assert "trying the submit again" not in unknown.stderr
+    # Nothing listening, never reached: a short retry (a head restarting), said up front.
+    url = f"http://127.0.0.1:{free_port()}"
+    refused = run_cli("submit", "--head", url, *run, env=env, cwd=tmp_path)
+    assert refused.returncode == 2 and f"cannot reach head at {url}" in refused.stderr
+    assert f"trying the submit again for up to {FIRST_CONTACT_RETRY_S:.0f}s" in refused.stderr
+    # An unclosed IPv6 bracket is named as such.
+    bracket = run_cli("queue", "--head", "http://[::1", env=env)
+    assert bracket.returncode == 2
+    assert bracket.stderr.startswith("error: invalid head URL 'http://[::1': an IPv6 address")
