@@ -531,6 +531,7 @@ class UserInfo(Lenient):
     uid: int | None = None
     gid: int | None = None
     qos: list[str] | None = None  # QOS this user may use (None: the team's, else `normal`)
+    disabled: bool = False  # its tokens are refused (`phalanx admin user disable`)
 
 
 class UserUpdate(Wire):

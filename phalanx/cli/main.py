@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from phalanx import __version__
 from phalanx.cli.admin import admin, whoami
+from phalanx.cli.connect import select_context
+from phalanx.cli.contexts import CONTEXT_HELP, context_app
 from phalanx.cli.jobs import cancel, history, logs, queue, show
 from phalanx.cli.lazy import LazyGroup
+from phalanx.cli.local import local_app
 from phalanx.cli.nodes import drain, nodes, resume
 from phalanx.cli.services import agent, head, up
 from phalanx.cli.submit import SubmitCommand, submit
@@ -18,9 +23,38 @@ app = typer.Typer(
     cls=LazyGroup,  # `sim` and its heavy imports load only when used
     help="Phalanx: many GPU servers, working like one.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, …)
     pretty_exceptions_enable=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"phalanx {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    context: Annotated[
+        str | None,
+        typer.Option(
+            "--context",
+            help=CONTEXT_HELP + " Also accepted after the command; default $PHALANX_CONTEXT.",
+            show_default=False,
+        ),
+    ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """Phalanx: many GPU servers, working like one."""
+    select_context(context)
+
+
 app.command("submit", cls=SubmitCommand)(submit)
 app.command("queue")(queue)
 app.command("show")(show)
@@ -33,6 +67,8 @@ app.command("resume")(resume)
 app.command("whoami")(whoami)
 app.add_typer(admin, name="admin")
 app.add_typer(token_app, name="token")
+app.add_typer(context_app, name="context")
+app.add_typer(local_app, name="local")
 app.command("up")(up)
 app.command("head")(head)
 app.command("agent")(agent)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import ssl
 import time
 import uuid
@@ -57,6 +58,9 @@ _TRY_AGAIN = frozenset({502, 503, 504})
 # error) or the head refused it unread (503); a keyed submit is safe anyway.
 _RESENDABLE = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 _FIRST_PAUSE_S = 0.1  # between submit attempts, doubling up to 2 s
+# A client that has never reached any head (a typo'd --head, a head not started) gives up
+# on a submit after this long, not after submit_retry_s: a head restart is over sooner.
+FIRST_CONTACT_RETRY_S = 3.0
 
 
 class ApiError(Exception):
@@ -70,10 +74,22 @@ class ApiError(Exception):
 
 
 class HeadUnreachable(ApiError):
-    """No head answered (connection refused, timed out, or cut mid-answer): status None."""
+    """No head answered (connection refused, timed out, or cut mid-answer): status None.
+    `unknown_host`: no head's name could even be resolved (a typo, not an outage)."""
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, unknown_host: bool = False) -> None:
         super().__init__(None, detail)
+        self.unknown_host = unknown_host
+
+
+def _unresolvable(exc: BaseException) -> bool:
+    """Whether a transport error is a failed name lookup (socket.gaierror underneath)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, socket.gaierror):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "Name or service not known" in str(exc) or "nodename nor servname" in str(exc)
 
 
 def new_idempotency_key() -> str:
@@ -140,6 +156,7 @@ class PhalanxClient:
         self.urls = _head_urls(url)
         self.submit_retry_s = submit_retry_s
         self._current = 0
+        self.answered = False  # some head has answered this client (it exists, the URL is right)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         headers.update(version.headers())
         try:
@@ -185,6 +202,7 @@ class PhalanxClient:
         payload: Any = None if body is None else body.model_dump(mode="json", exclude_unset=sparse)
         resendable = resendable or method in _RESENDABLE
         problems: list[str] = []
+        unknown_hosts = 0
         refused: httpx.Response | None = None
         for step in range(len(self.urls)):
             index = (self._current + step) % len(self.urls)
@@ -202,11 +220,18 @@ class PhalanxClient:
                 if _untrusted(exc):  # a setting to fix, not an outage to wait out
                     msg = f"the head at {url} is not trusted: {exc}{_TLS_HINT}"
                     raise ApiError(None, msg) from None
-                problems.append(f"cannot reach head at {url}: {exc}")
+                if _unresolvable(exc):
+                    unknown_hosts += 1
+                    problems.append(
+                        f"cannot reach head at {url}: unknown host {exc.request.url.host!r}"
+                    )
+                else:
+                    problems.append(f"cannot reach head at {url}: {exc}")
                 if not (resendable or isinstance(exc, httpx.ConnectError)):
                     # It may have been received: sending it again could repeat it.
                     raise HeadUnreachable(problems[-1]) from None
                 continue
+            self.answered = True
             skew = version.mismatch(
                 response.headers.get(version.HEADER), me="client", them=f"head at {url}"
             )
@@ -221,7 +246,7 @@ class PhalanxClient:
             return response
         if refused is not None:
             raise ApiError(refused.status_code, _detail(refused))
-        raise HeadUnreachable("; ".join(problems))
+        raise HeadUnreachable("; ".join(problems), unknown_host=unknown_hosts == len(self.urls))
 
     def _call(
         self,
@@ -276,7 +301,8 @@ class PhalanxClient:
         """
         key = idempotency_key or new_idempotency_key()
         headers = {IDEMPOTENCY_HEADER: key}
-        deadline = time.monotonic() + self.submit_retry_s
+        started = time.monotonic()
+        deadline = started + self.submit_retry_s
         pause = _FIRST_PAUSE_S
         while True:
             try:
@@ -284,14 +310,19 @@ class PhalanxClient:
                     SubmitResponse, "POST", "/v1/jobs", body=spec, headers=headers, resendable=True
                 )
             except ApiError as exc:
-                again = isinstance(exc, HeadUnreachable) or exc.status in _TRY_AGAIN
+                unreachable = isinstance(exc, HeadUnreachable)
+                if isinstance(exc, HeadUnreachable) and exc.unknown_host:
+                    raise  # a name that does not resolve will not start to in seconds
+                if unreachable and not self.answered:
+                    deadline = min(deadline, started + FIRST_CONTACT_RETRY_S)
+                again = unreachable or exc.status in _TRY_AGAIN
                 if not again or time.monotonic() + pause > deadline:
                     raise
                 if pause == _FIRST_PAUSE_S:  # once per submit: the CLI shows it on stderr
                     log.warning(
                         "%s; trying the submit again for up to %.0fs (it will not run twice)",
                         exc.detail,
-                        self.submit_retry_s,
+                        deadline - started,
                     )
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
@@ -396,10 +427,32 @@ class PhalanxClient:
         params = None if everyone else {"all": "false"}
         return self._call(TokenList, "GET", "/v1/tokens", params=params)
 
-    def revoke_token(self, token_id: int) -> None:
+    def revoke_token(self, token_id: int, force: bool = False) -> None:
         """Revoke a token by id (and those minted from it): it stops working at once (an
-        admin any, a user their own)."""
-        self._request("DELETE", f"/v1/tokens/{token_id}")
+        admin any, a user their own). The head refuses (409) to revoke the last working
+        admin token unless `force`."""
+        self._request("DELETE", f"/v1/tokens/{token_id}", params=_force(force))
+
+    def disable_user(self, name: str, force: bool = False) -> UserInfo:
+        """Disable a user: their tokens are refused at once (admin)."""
+        path = f"/v1/users/{quote(name, safe='')}/disable"
+        return self._call(UserInfo, "POST", path, params=_force(force))
+
+    def enable_user(self, name: str) -> UserInfo:
+        """Enable a disabled user again (admin)."""
+        return self._call(UserInfo, "POST", f"/v1/users/{quote(name, safe='')}/enable")
+
+    def delete_user(self, name: str, force: bool = False) -> None:
+        """Delete a user without live jobs; their tokens are revoked (admin)."""
+        self._request("DELETE", f"/v1/users/{quote(name, safe='')}", params=_force(force))
+
+    def delete_team(self, name: str) -> None:
+        """Delete a team without live jobs (admin)."""
+        self._request("DELETE", f"/v1/teams/{quote(name, safe='')}")
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node that is down and holds no job (admin)."""
+        self._request("DELETE", f"/v1/nodes/{quote(name, safe='')}")
 
     def create_join_token(self, spec: JoinTokenCreate | None = None) -> TokenIssued:
         """Issue a token agents use to join the cluster (admin): single use or not, its
@@ -419,6 +472,10 @@ class PhalanxClient:
         return self._call(TeamInfo, "PUT", f"/v1/teams/{team.name}", body=team)
 
 
+def _force(force: bool) -> dict[str, str] | None:
+    return {"force": "true"} if force else None
+
+
 def _head_urls(url: str | Sequence[str]) -> tuple[str, ...]:
     """Head URLs from one string (commas between several) or a list; ApiError if bad."""
     items = url.split(",") if isinstance(url, str) else list(url)
@@ -426,6 +483,13 @@ def _head_urls(url: str | Sequence[str]) -> tuple[str, ...]:
     if not urls or not all(urls):
         raise ApiError(None, f"invalid head URL {url!r}: expected URL or URL1,URL2,…")
     for one in urls:
+        authority = one.partition("://")[2].partition("/")[0]
+        if authority.startswith("[") and "]" not in authority:
+            raise ApiError(
+                None,
+                f"invalid head URL {one!r}: an IPv6 address needs its closing ']' "
+                "(e.g. https://[::1]:8265)",
+            )
         try:
             parsed = httpx.URL(one)
         except httpx.InvalidURL as exc:

@@ -29,7 +29,7 @@ from phalanx.api.asgi import (
 )
 from phalanx.api.asgi import bearer_token as _bearer_of
 from phalanx.api.asgi import json_error as _json
-from phalanx.head import jobs
+from phalanx.head import admin, jobs
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
@@ -70,6 +70,10 @@ IDEMPOTENCY_PARAMETER: dict[str, Any] = {
     "gets the same job ids (200) instead of a new job.",
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
 }
+LAST_ADMIN: dict[int | str, dict[str, Any]] = {
+    409: _err("it would leave no working admin token (send force=true to do it anyway)")
+}
+Force = Annotated[bool, Query(description="do it even if no working admin token would be left")]
 STANDBY_DETAIL = "standby head: the leader is elsewhere"
 BAD_GATEWAY: dict[int | str, dict[str, Any]] = {
     502: _err("the node holding the logs is unreachable")
@@ -414,6 +418,12 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         requeued as for a node that died)."""
         return head.replace_node(name)
 
+    @app.delete("/v1/nodes/{name}", status_code=204, responses={**NOT_FOUND, **CONFLICT})
+    def remove_node(name: str, who: Admin) -> Response:
+        """Forget a node that is down and holds no job (409 otherwise)."""
+        admin.remove_node(head, name)
+        return Response(status_code=204)
+
     @app.post(
         "/v1/nodes/{name}/faults",
         status_code=204,
@@ -459,6 +469,26 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     def set_user(name: str, body: m.UserUpdate, who: Admin) -> m.UserInfo:
         return head.set_user(name, body)
 
+    @app.post(
+        "/v1/users/{name}/disable",
+        response_model=m.UserInfo,
+        responses={**NOT_FOUND, **LAST_ADMIN},
+    )
+    def disable_user(name: str, who: Admin, force: Force = False) -> m.UserInfo:
+        """Disable a user: their tokens are refused at once (their running jobs go on)."""
+        return admin.set_disabled(head, name, True, force)
+
+    @app.post("/v1/users/{name}/enable", response_model=m.UserInfo, responses=NOT_FOUND)
+    def enable_user(name: str, who: Admin) -> m.UserInfo:
+        """Enable a disabled user again: their unrevoked tokens work again."""
+        return admin.set_disabled(head, name, False, False)
+
+    @app.delete("/v1/users/{name}", status_code=204, responses={**NOT_FOUND, **LAST_ADMIN})
+    def delete_user(name: str, who: Admin, force: Force = False) -> Response:
+        """Delete a user without live jobs (409 if it has some): its tokens are revoked."""
+        admin.delete_user(head, name, force)
+        return Response(status_code=204)
+
     @app.post("/v1/tokens", status_code=201, response_model=m.TokenIssued, responses=NOT_FOUND)
     def create_token(body: m.TokenCreate, who: User) -> m.TokenIssued:
         if not who.admin and body.user != who.user:
@@ -475,10 +505,11 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         """An admin's answer: every token (`all=false`: their own); a user's: their own."""
         return head.tokens(who, everyone=who.admin and everyone)
 
-    @app.delete("/v1/tokens/{token_id}", status_code=204, responses=NOT_FOUND)
-    def revoke(token_id: RowId, who: User) -> Response:
-        """Revoke a token and those minted from it: admins any, users their own."""
-        head.revoke(who, token_id)
+    @app.delete("/v1/tokens/{token_id}", status_code=204, responses={**NOT_FOUND, **LAST_ADMIN})
+    def revoke(token_id: RowId, who: User, force: Force = False) -> Response:
+        """Revoke a token and those minted from it: admins any, users their own. Refused
+        (409) if no working admin token would be left, unless `force`."""
+        admin.revoke_token(head, who, token_id, force)
         return Response(status_code=204)
 
     @app.post("/v1/join-tokens", status_code=201, response_model=m.TokenIssued)
@@ -494,6 +525,12 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         if body.name != name:
             raise HeadError(422, f"the body names team {body.name!r} but the path {name!r}")
         return head.put_team(body)
+
+    @app.delete("/v1/teams/{name}", status_code=204, responses={**NOT_FOUND, **CONFLICT})
+    def delete_team(name: str, who: Admin) -> Response:
+        """Delete a team without live jobs (409 if it has some)."""
+        admin.delete_team(head, name)
+        return Response(status_code=204)
 
     # ----------------------------------------------------------------- agents
     @app.post("/v1/agent/register", response_model=m.RegisterResponse, responses=CONFLICT)

@@ -37,6 +37,7 @@ users = Table(
     Column("unix_uid", Integer, nullable=True),  # None: the Unix account named like the user
     Column("unix_gid", Integer, nullable=True),  # None: that account's primary group
     Column("qos", String(500), nullable=True),  # allowed QOS, comma-separated (None: default)
+    Column("disabled", Boolean, nullable=True),  # True: its tokens are refused (None: enabled)
 )
 
 teams = Table(

@@ -207,7 +207,11 @@ class NodeRecord:
     # node that goes silent comes back drained.
     drain_cause: DrainCause | None = None
     drain_reason: str | None = None
+    # The lease is counted from `last_heartbeat`, which a restarted or thawed head sets to
+    # "now" for every node (a fresh lease); `heard_at` is when this head last really heard
+    # from the node (None: not since it started), which is what `phalanx nodes` shows.
     last_heartbeat: float | None = None
+    heard_at: float | None = None
     health_seq: int = 0  # the newest GPU health event handled (acknowledged to the agent)
     version: int = 0  # desired-state version; bumped whenever what it must run changes
     confinement: str = "unknown"  # how its agent confines jobs (cgroup-v1, …, none: why)
@@ -265,7 +269,7 @@ class NodeRecord:
         state = self.state.value
         if self.state is NodeState.DRAIN and jobs:
             state = "draining"
-        age = None if self.last_heartbeat is None else max(0.0, now - self.last_heartbeat)
+        age = None if self.heard_at is None else max(0.0, now - self.heard_at)
         return NodeInfo(
             name=self.name,
             address=self.address,
@@ -277,7 +281,7 @@ class NodeRecord:
             gpus=list(self.gpus),
             gpus_used=gpus_used,
             labels=dict(self.labels),
-            last_heartbeat=self.last_heartbeat,
+            last_heartbeat=self.heard_at,
             heartbeat_age_s=age,
             jobs=jobs,
             confinement=self.confinement,

@@ -75,6 +75,8 @@ class Head:
             user = store.user_row(conn, row.user)
             if user is None:
                 raise AuthError("the token's user no longer exists")
+            if user.disabled:
+                raise AuthError(f"user {row.user!r} is disabled: ask an admin")
             member = store.memberships_of(conn, row.user)
             qos = store.split_list(user.qos)
             return Principal(
@@ -658,20 +660,6 @@ class Head:
         """Every token (an admin asking for all), else `who`'s own API tokens."""
         with self.control.engine.connect() as conn:
             return m.TokenList(tokens=store.tokens(conn, None if everyone else who.user))
-
-    def revoke(self, who: Principal, token_id: int) -> None:
-        """Revoke a token (and those it minted): admins any, users their own API tokens."""
-
-        def op(tx: Tx) -> None:
-            row = store.token_row(tx.conn, token_id)
-            if row is None:
-                raise HeadError(404, f"no token {token_id}")
-            if not who.admin and (row.kind != "api" or row.user != who.user):
-                raise HeadError(403, f"token {token_id} is not yours")
-            store.revoke_token(tx.conn, token_id)
-
-        self.control.call(op)
-        self.forget_principals()
 
     # ------------------------------------------------------------------ fault injection
     def fault_target(self, name: str) -> NodeRecord:

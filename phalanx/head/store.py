@@ -307,6 +307,7 @@ def users(conn: Connection) -> list[UserInfo]:
             uid=r.unix_uid,
             gid=r.unix_gid,
             qos=split_list(r.qos),
+            disabled=bool(r.disabled),
         )
         for r in conn.execute(select(db.users).order_by(db.users.c.name))
     ]

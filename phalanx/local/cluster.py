@@ -139,6 +139,7 @@ class LocalCluster:
         self._head: _Proc | None = None
         self._agents: list[_Proc] = []
         self._url: str | None = None
+        self._reported: set[int] = set()  # pids whose exit `exited()` has returned
 
     # ------------------------------------------------------------------ properties
     @property
@@ -278,6 +279,8 @@ class LocalCluster:
         """Start the head again on its state dir, database and port (after kill_head)."""
         if self._head is not None and self._head.alive():
             raise ClusterError("the head is still running")
+        if self._head is not None:
+            self._head.close_log()
         self._start_head(time.monotonic() + self.start_timeout_s)
 
     def agent_pid(self, address: str) -> int:
@@ -315,7 +318,55 @@ class LocalCluster:
         old = self._agents[index]
         if old.alive():
             raise ClusterError(f"the agent of {address} is still running")
+        old.close_log()
         self._agents[index] = self._agent_proc(address, head_url)
+
+    def add_agent(self) -> str:
+        """Start an agent on the next free 127.0.0.N (a new node joining); its address."""
+        if self._head is None:
+            raise ClusterError("the cluster is not started")
+        taken = {int(a.rsplit(".", 1)[1]) for a in self.addresses}
+        free = [i for i in range(2, 255) if i not in taken]
+        if not free:
+            raise ClusterError("no free 127.0.0.N address left (at most 253 nodes)")
+        address = f"127.0.0.{free[0]}"
+        self._agents.append(self._agent_proc(address))
+        self.addresses.append(address)
+        self.nodes = len(self.addresses)
+        return address
+
+    def process_table(self) -> list[dict[str, object]]:
+        """Each process: what it is, its pid, where it listens or which node it is, its log,
+        and its exit code (None while it runs)."""
+        rows: list[dict[str, object]] = []
+        if self._head is not None:
+            rows.append(self._row("head", self._head, self._url or ""))
+        for address, agent in zip(self.addresses, self._agents, strict=False):
+            rows.append(self._row("agent", agent, address))
+        return rows
+
+    @staticmethod
+    def _row(kind: str, proc: _Proc, where: str) -> dict[str, object]:
+        return {
+            "kind": kind,
+            "label": proc.label,
+            "pid": proc.popen.pid,
+            "address": where,
+            "log": str(proc.log),
+            "exit_code": proc.popen.poll(),
+        }
+
+    def exited(self) -> list[dict[str, object]]:
+        """Processes that exited since the last call (each reported once), as in
+        process_table, with the last lines of their log under "tail"."""
+        out = []
+        for row in self.process_table():
+            pid = row["pid"]
+            assert isinstance(pid, int)
+            if row["exit_code"] is not None and pid not in self._reported:
+                self._reported.add(pid)
+                out.append({**row, "tail": _tail(Path(str(row["log"])), 5)})
+        return out
 
     def _agent(self, address: str) -> _Proc:
         if address not in self.addresses or len(self._agents) != len(self.addresses):
@@ -382,6 +433,10 @@ class LocalCluster:
                 match = _LISTENING.search(f.read().decode("utf-8", "replace"))
                 if match:
                     return match.group(1).rstrip("/")
+            if not head.alive():
+                raise ClusterError(
+                    _head_refusal(head, offset) or head.failure("the head did not start")
+                )
             self._check_alive("the head did not start")
             if time.monotonic() > deadline:
                 raise ClusterError(head.failure("the head did not start in time"))
@@ -428,6 +483,24 @@ class LocalCluster:
                         f"{', '.join(missing)}. {detail}"
                     )
                 time.sleep(0.2)
+
+
+def _head_refusal(head: _Proc, offset: int) -> str | None:
+    """The head's own one-line `error: …` from its log since `offset` (a port in use, a
+    state dir another head holds), with what to do about a port in use; None if none."""
+    try:
+        with head.log.open("rb") as f:
+            f.seek(offset)
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+    if not errors:
+        return None
+    message = f"the head did not start: {errors[-1]}"
+    if "already in use" in message.lower():
+        message += "; use --port 0 (any free port) or another port"
+    return message
 
 
 def _job_pids(node: str, head_url: str) -> list[int]:
