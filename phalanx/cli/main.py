@@ -6,6 +6,7 @@ import typer
 
 from phalanx import __version__
 from phalanx.cli.admin import admin, whoami
+from phalanx.cli.jobctl import hold, release, requeue, update
 from phalanx.cli.jobs import cancel, history, logs, queue, show
 from phalanx.cli.lazy import LazyGroup
 from phalanx.cli.nodes import drain, nodes, resume
@@ -25,6 +26,10 @@ app.command("submit", cls=SubmitCommand)(submit)
 app.command("queue")(queue)
 app.command("show")(show)
 app.command("cancel")(cancel)
+app.command("hold")(hold)
+app.command("release")(release)
+app.command("requeue")(requeue)
+app.command("update")(update)
 app.command("history")(history)
 app.command("logs")(logs)
 app.command("nodes")(nodes)
