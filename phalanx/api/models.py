@@ -179,6 +179,8 @@ class JobSpec(Wire):
     preempt_signal: SignalName = "SIGUSR1"  # the preemption notice
     preempt_grace_s: Annotated[int, Field(ge=0, le=86400)] | None = None  # None: the head's
     hang_timeout_s: Annotated[int, Field(ge=0, le=7 * 86400)] | None = None  # 0: off
+    begin_time: UnixTime | None = None  # `--begin`: pending (BeginTime) until then
+    nodelist: list[Name] = Field(default=[], max_length=MAX_NODES)  # `-w`: only these nodes
 
 
 class SubmitResponse(Lenient):
@@ -219,6 +221,8 @@ class JobInfo(Lenient):
     array_task_id: int | None
     placement: list[RankPlacement]  # empty unless allocated
     workdir: str
+    hold: Literal["user", "admin"] | None = None  # held (`phalanx hold`): who may release it
+    begin_time: float | None = None  # `--begin`: not before this (unix seconds)
 
 
 class JobEvent(Lenient):
@@ -266,6 +270,25 @@ class JobTable(Lenient):
 
     columns: list[str]
     rows: list[list[JsonValue]]
+
+
+# A job as users name it (Slurm's forms): `123` (a job; an array's id: every task of the
+# array), `123_4` (task 4 of array 123).
+JOB_REF_PATTERN = r"^[1-9][0-9]{0,9}(_[0-9]{1,7})?$"
+JobRef = Annotated[str, StringConstraints(max_length=18, pattern=JOB_REF_PATTERN)]
+
+
+class JobUpdate(Wire):
+    """`PATCH /v1/jobs/{job}` (`phalanx update`, like `scontrol update`): only the fields
+    sent change. A pending job: all of them; a running one: `time_limit_s` only. Users may
+    lower a time limit, only admins raise it (as Slurm); `qos` within the owner's
+    allowance; `priority` is for admins. `dependencies` replaces the job's (empty: none)."""
+
+    time_limit_s: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
+    qos: Name | None = None
+    priority: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    dependencies: list[DependencySpec] | None = Field(default=None, max_length=64)
+    dependency_any: bool | None = None
 
 
 class CancelRequest(Wire):

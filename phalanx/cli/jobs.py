@@ -11,6 +11,8 @@ import typer
 
 from phalanx.api.states import JOB_STATES
 from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
+from phalanx.cli.jobctl import JobsArg, job_refs
+from phalanx.cli.jobctl import label as _label
 from phalanx.cli.output import (
     STATE_STYLE,
     console,
@@ -29,15 +31,12 @@ if TYPE_CHECKING:
 STATES = JOB_STATES
 
 
+JOB_HELP = "Job id: 123, or 123_4 for task 4 of array 123."
+
+
 def job_id_label(job: JobInfo) -> str:
     """`123`, or `120_3` for task 3 of array job 120 (as squeue prints it)."""
     return _label(job.id, job.array_job_id, job.array_task_id)
-
-
-def _label(job_id: int, array_job_id: int | None, array_task_id: int | None) -> str:
-    if array_job_id is not None and array_task_id is not None:
-        return f"{array_job_id}_{array_task_id}"
-    return str(job_id)
 
 
 def nodelist(job: JobInfo) -> str:
@@ -156,7 +155,7 @@ def history(
 
 
 def cancel(
-    job_ids: Annotated[list[int], typer.Argument(help="Job ids to cancel.", show_default=False)],
+    job_ids: JobsArg,
     signal: Annotated[
         str | None,
         typer.Option("--signal", "-s", help="Only send this signal (e.g. SIGUSR1), as scancel -s."),
@@ -165,42 +164,56 @@ def cancel(
     head: HeadOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Cancel jobs (like scancel)."""
+    """Cancel jobs (like scancel). An array's id cancels every task of the array."""
     from phalanx.client.api import ApiError
 
     if signal is not None:
         signal = signal.upper() if signal.upper().startswith("SIG") else f"SIG{signal.upper()}"
     failed = []
     with connect(head, token) as client:
-        for job_id in job_ids:
+        for ref in job_refs(job_ids):
             try:
-                info = client.cancel(job_id, signal=signal)
+                info = client.cancel(ref, signal=signal)
             except ApiError as exc:
-                typer.echo(f"error: job {job_id}: {exc}", err=True)
-                failed.append(job_id)
+                typer.echo(f"error: job {ref}: {exc}", err=True)
+                failed.append(ref)
                 continue
+            what = f"job {ref}"
+            if "_" not in ref and info.array_job_id == int(ref):
+                what = f"array {ref} (every task)"
             if json_out:
                 print_json(info)
             elif signal:
-                typer.echo(f"job {job_id}: sent {signal}")
+                typer.echo(f"{what}: sent {signal}")
             else:
-                typer.echo(f"job {job_id}: {info.state}")
+                typer.echo(f"{what}: {info.state}")
     if failed:
         raise typer.Exit(2)
 
 
 def show(
-    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+    job_id: Annotated[str, typer.Argument(help=JOB_HELP, show_default=False)],
     json_out: JsonOpt = False,
     head: HeadOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Everything about one job: state, spec, placement, events and exit (like scontrol)."""
+    """Everything about one job: state, spec, placement, events and exit (like scontrol).
+
+    An array's id lists the array's tasks; `ID_TASK` shows one task."""
     from rich.markup import escape
     from rich.table import Table
 
+    [ref] = job_refs([job_id]) if "[" not in job_id else [""]
+    if not ref:
+        fail(f"{job_id!r}: show takes one job (123 or 123_4), not a range")
     with connect(head, token) as client:
-        detail = client.job(job_id)
+        detail = client.job(ref)
+        tasks = None
+        if "_" not in ref and detail.job.array_job_id == detail.job.id:
+            tasks = client.jobs(active=True, ended=True, array=detail.job.id, limit=100_000)
+    if tasks is not None:
+        _show_array(ref, tasks, json_out)
+        return
     if json_out:
         print_json(detail)
         return
@@ -256,8 +269,31 @@ def show(
         out.print(table)
 
 
+def _show_array(ref: str, tasks: JobList, json_out: bool) -> None:
+    """`show ARRAY_ID`: the array's tasks, one line each (as `scontrol show job` lists
+    every task of an array)."""
+    if json_out:
+        print_json(tasks)
+        return
+    typer.echo(f"Job {ref} is an array of {len(tasks.jobs)} tasks; `phalanx show {ref}_N`")
+    typer.echo("shows one.")
+    columns = [("JOBID", False), ("ST", False), ("RESTARTS", True), ("EXITCODE", False)]
+    columns += [("NODELIST(REASON)", False)]
+    rows = [
+        [
+            job_id_label(job),
+            job.state,
+            str(job.restart_count),
+            job.exit_code or "",
+            nodelist(job) or f"({job.reason or 'None'})",
+        ]
+        for job in tasks.jobs
+    ]
+    print_table(columns, rows, {1: STATE_STYLE})
+
+
 def logs(
-    job_id: Annotated[int, typer.Argument(help="Job id.", show_default=False)],
+    job_id: Annotated[str, typer.Argument(help=JOB_HELP, show_default=False)],
     rank: Annotated[int, typer.Option("--rank", "-r", min=0, help="Which rank's log.")] = 0,
     stderr: Annotated[bool, typer.Option("--stderr", help="Show stderr, not stdout.")] = False,
     follow: Annotated[
@@ -272,10 +308,13 @@ def logs(
 
     stream: Literal["stdout", "stderr"] = "stderr" if stderr else "stdout"
     offset = 0
+    [ref] = job_refs([job_id]) if "[" not in job_id else [""]
+    if not ref:
+        fail(f"{job_id!r}: logs takes one job (123 or 123_4), not a range")
     with connect(head, token) as client:
         while True:
             try:
-                chunk = client.logs(job_id, rank=rank, stream=stream, offset=offset)
+                chunk = client.logs(ref, rank=rank, stream=stream, offset=offset)
             except ApiError as exc:
                 if follow and exc.status == 409:  # not started yet: wait for it with -f
                     time.sleep(poll_s)

@@ -10,6 +10,7 @@ from phalanx import __version__
 from phalanx.cli.admin import admin, whoami
 from phalanx.cli.connect import select_context
 from phalanx.cli.contexts import CONTEXT_HELP, context_app
+from phalanx.cli.jobctl import hold, release, requeue, update
 from phalanx.cli.jobs import cancel, history, logs, queue, show
 from phalanx.cli.lazy import LazyGroup
 from phalanx.cli.local import local_app
@@ -59,6 +60,10 @@ app.command("submit", cls=SubmitCommand)(submit)
 app.command("queue")(queue)
 app.command("show")(show)
 app.command("cancel")(cancel)
+app.command("hold")(hold)
+app.command("release")(release)
+app.command("requeue")(requeue)
+app.command("update")(update)
 app.command("history")(history)
 app.command("logs")(logs)
 app.command("nodes")(nodes)

@@ -99,6 +99,12 @@ def submit(
     ] = None,
     constraint: Annotated[str | None, _opt("--constraint", "-C", help="GPU model.")] = None,
     exclude: Annotated[str | None, _opt("--exclude", "-x", help="Nodes to avoid.")] = None,
+    nodelist: Annotated[
+        str | None, _opt("--nodelist", "-w", help="Run only on these nodes, e.g. n[1-3].")
+    ] = None,
+    begin: Annotated[
+        str | None, _opt("--begin", "-b", help="Not before: now+1h, 16:00, 2026-12-01T09:00.")
+    ] = None,
     max_restarts: Annotated[
         str | None, _opt("--max-restarts", help="Restarts after failures.")
     ] = None,
@@ -170,6 +176,8 @@ def submit(
         export=export,
         constraint=constraint,
         exclude=exclude,
+        nodelist=nodelist,
+        begin=begin,
         max_restarts=max_restarts,
         restart_on_failure=restart_on_failure,
         checkpoint_dir=checkpoint_dir,

@@ -27,6 +27,7 @@ from phalanx.api.models import (
     JobList,
     JobSpec,
     JobTable,
+    JobUpdate,
     JoinTokenCreate,
     LogChunk,
     NodeInfo,
@@ -337,9 +338,13 @@ class PhalanxClient:
         states: Iterable[str] | None = None,
         since: float | None = None,
         limit: int | None = None,
+        array: int | None = None,
     ) -> JobList:
-        """List jobs: `active=True` for the queue, `ended=True` (+ `since`) for history."""
+        """List jobs: `active=True` for the queue, `ended=True` (+ `since`) for history;
+        `array`: only that array's tasks."""
         params = _job_filters(active, ended, user, team, states, since, limit)
+        if array is not None:
+            params["array"] = array
         return self._call(JobList, "GET", "/v1/jobs", params=params)
 
     def job_table(
@@ -358,26 +363,43 @@ class PhalanxClient:
         params["format"] = "table"
         return self._call(JobTable, "GET", "/v1/jobs", params=params)
 
-    def job(self, job_id: int) -> JobDetail:
-        """One job: its state, spec and event log."""
-        return self._call(JobDetail, "GET", f"/v1/jobs/{job_id}")
+    def job(self, job: int | str) -> JobDetail:
+        """One job (`123`, or `"123_4"` for an array task): its state, spec and event log."""
+        return self._call(JobDetail, "GET", f"/v1/jobs/{_ref(job)}")
 
-    def cancel(self, job_id: int, signal: str | None = None) -> JobInfo:
-        """Cancel a job (or, with `signal`, only send it that signal, as `scancel -s`)."""
+    def cancel(self, job: int | str, signal: str | None = None) -> JobInfo:
+        """Cancel a job, an array task (`"123_4"`) or a whole array (its id); with `signal`,
+        only send it that signal, as `scancel -s`. Answers with the job named."""
         return self._call(
-            JobInfo, "POST", f"/v1/jobs/{job_id}/cancel", body=CancelRequest(signal=signal)
+            JobInfo, "POST", f"/v1/jobs/{_ref(job)}/cancel", body=CancelRequest(signal=signal)
         )
+
+    def hold(self, job: int | str) -> JobList:
+        """Keep pending jobs from starting (`scontrol hold`); the jobs held."""
+        return self._call(JobList, "POST", f"/v1/jobs/{_ref(job)}/hold")
+
+    def release(self, job: int | str) -> JobList:
+        """Let held jobs start (`scontrol release`); the jobs released."""
+        return self._call(JobList, "POST", f"/v1/jobs/{_ref(job)}/release")
+
+    def requeue(self, job: int | str) -> JobList:
+        """Stop running jobs and queue them again (`scontrol requeue`); the jobs requeued."""
+        return self._call(JobList, "POST", f"/v1/jobs/{_ref(job)}/requeue")
+
+    def update(self, job: int | str, change: JobUpdate) -> JobList:
+        """Change jobs' time limit, QOS, priority or dependencies (`scontrol update`)."""
+        return self._call(JobList, "PATCH", f"/v1/jobs/{_ref(job)}", body=change, sparse=True)
 
     def logs(
         self,
-        job_id: int,
+        job_id: int | str,
         rank: int = 0,
         stream: Literal["stdout", "stderr"] = "stdout",
         offset: int = 0,
     ) -> LogChunk:
         """A chunk of one rank's log from byte `offset` (the head proxies the agent)."""
         params = {"rank": rank, "stream": stream, "offset": offset}
-        return self._call(LogChunk, "GET", f"/v1/jobs/{job_id}/logs", params=params)
+        return self._call(LogChunk, "GET", f"/v1/jobs/{_ref(job_id)}/logs", params=params)
 
     # ------------------------------------------------------------------ nodes
     def nodes(self) -> NodeList:
@@ -497,6 +519,11 @@ def _head_urls(url: str | Sequence[str]) -> tuple[str, ...]:
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ApiError(None, f"invalid head URL {one!r}: expected http(s)://HOST:PORT")
     return urls
+
+
+def _ref(job: int | str) -> str:
+    """A job as a path segment: `123` or `123_4` (anything else is refused by the head)."""
+    return quote(str(job), safe="")
 
 
 def _job_filters(

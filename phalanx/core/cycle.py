@@ -79,7 +79,7 @@ class _Cycle:
         )
 
     def remember_failure(self, job: JobRequest, limited: bool) -> None:
-        if job.gpu_model is None and not job.exclude_nodes:
+        if job.gpu_model is None and not job.exclude_nodes and not job.nodelist:
             shape = (job.nodes, job.gpus_per_node)
             if shape not in self.failed_shapes[limited]:
                 self.failed_shapes[limited].append(shape)
@@ -102,6 +102,10 @@ def schedule(
         cycle.reasons[job_id] = _dependency_reason(dep, never=False)
     for job_id, dep in state.never.items():
         cycle.reasons[job_id] = _dependency_reason(dep, never=True)
+    # Jobs whose --begin time is still ahead wait for it, whatever else holds them (said
+    # up front: a cycle that stops early never reaches them).
+    for begin_s, job_id in state.begins.irange((now, math.inf), inclusive=(False, True)):
+        cycle.reasons[job_id] = _begin_reason(begin_s, now)
     if not state.gpus_up:
         # No node with a GPU is up: every queued job is infeasible. Said once, as the
         # default, rather than found job by job (10,000 queued jobs took ~35 ms a cycle).
@@ -145,7 +149,9 @@ def schedule(
 def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
     """Phases 3–7 for one job; returns the reason for every later job if the cycle stops."""
     state, now = cycle.state, cycle.now
-    excluded = excluded_indices(state, job) if job.exclude_nodes else frozenset()
+    if job.begin_s is not None and job.begin_s > now:
+        return None  # not yet: its BeginTime reason was given in phase 1
+    excluded = excluded_indices(state, job) if job.exclude_nodes or job.nodelist else frozenset()
     limited = cycle.reservation is not None and not _ends_before(job, now, cycle.reservation)
     constraints = _constraints(cycle, excluded, limited)
     if job.id in state.waiting_on:
@@ -443,6 +449,8 @@ def _ordered(state: ClusterState, now: float) -> Iterator[JobRequest]:
 
 def _infeasible(state: ClusterState, job: JobRequest) -> Reason | None:
     g = job.gpus_per_node
+    if job.nodelist:
+        return _nodelist_infeasible(state, job)
     if job.gpu_model is not None and job.gpu_model not in state.models:
         return Reason(
             ReasonCode.INFEASIBLE,
@@ -461,6 +469,45 @@ def _infeasible(state: ClusterState, job: JobRequest) -> Reason | None:
     return None
 
 
+def _nodelist_infeasible(state: ClusterState, job: JobRequest) -> Reason | None:
+    """For a job bound to a nodelist (`-w`): whether its nodes could ever hold it."""
+    g = job.gpus_per_node
+    listed = sorted(job.nodelist)
+    unknown = [n for n in listed if n not in state.node_index]
+    if unknown:
+        return Reason(
+            ReasonCode.INFEASIBLE, f"its nodelist names unknown node(s): {', '.join(unknown)}"
+        )
+    fitting = [
+        n
+        for n in listed
+        if state.nodes[state.node_index[n]].gpus >= g
+        and (job.gpu_model is None or state.nodes[state.node_index[n]].gpu_model == job.gpu_model)
+    ]
+    if len(fitting) < job.nodes:
+        return Reason(
+            ReasonCode.INFEASIBLE,
+            f"needs {job.shape} on its nodelist ({', '.join(listed)}); only "
+            f"{len(fitting)} of those node(s) have ≥{g}"
+            f"{'' if job.gpu_model is None else ' ' + job.gpu_model} GPUs",
+        )
+    up = sum(1 for n in fitting if state.up[state.node_index[n]])
+    if up < job.nodes:
+        return Reason(
+            ReasonCode.INFEASIBLE,
+            f"needs {job.shape} on its nodelist ({', '.join(listed)}); only {up} of those "
+            "node(s) are up",
+        )
+    return None
+
+
+def _begin_reason(begin_s: float, now: float) -> Reason:
+    return Reason(
+        ReasonCode.BEGIN_TIME,
+        f"may not start before t={begin_s:.0f}s (--begin), in {begin_s - now:.0f}s",
+    )
+
+
 def _never_fits_reason(state: ClusterState, job: JobRequest, excluded: frozenset[int]) -> Reason:
     """For a job that fits the cluster's shape but not the nodes it may use (its GPU model,
     minus excluded nodes): waiting for resources would never help."""
@@ -474,7 +521,9 @@ def _never_fits_reason(state: ClusterState, job: JobRequest, excluded: frozenset
         and (job.gpu_model is None or node.gpu_model == job.gpu_model)
     )
     where = "" if job.gpu_model is None else f" {job.gpu_model}"
-    if excluded:
+    if job.nodelist:
+        where += " (of its nodelist)"
+    elif excluded:
         where += " (not excluded)"
     return Reason(
         ReasonCode.INFEASIBLE,

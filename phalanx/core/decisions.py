@@ -22,6 +22,7 @@ class ReasonCode(enum.Enum):
     PREEMPTING = "WaitingForPreemption"
     INFEASIBLE = "Infeasible"
     NOT_CONSIDERED = "NotConsidered"
+    BEGIN_TIME = "BeginTime"  # not before its --begin time
 
 
 @dataclass(frozen=True, slots=True)

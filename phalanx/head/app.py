@@ -29,7 +29,7 @@ from phalanx.api.asgi import (
 )
 from phalanx.api.asgi import bearer_token as _bearer_of
 from phalanx.api.asgi import json_error as _json
-from phalanx.head import admin, jobs
+from phalanx.head import admin, jobcontrol, jobs
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
@@ -91,6 +91,12 @@ async def principal(
 Who = Annotated[Principal, Depends(principal)]
 # Ids are 32-bit in every database the head supports; larger ones cannot exist.
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+# A job as users name it: `123`, or `123_4` for task 4 of array 123 (an array's id names
+# the whole array where Slurm's commands do: cancel, hold, release, requeue, update).
+JobRef = Annotated[
+    str,
+    Path(max_length=18, pattern=m.JOB_REF_PATTERN, description="`123`, or `123_4` (array task)"),
+]
 RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
@@ -335,13 +341,16 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         state: Annotated[str | None, Query(max_length=64, pattern=r"^[A-Z,]*$")] = None,
         since: float | None = None,
         limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+        array: Annotated[
+            int | None, Query(ge=1, le=2**31 - 1, description="only the tasks of this array")
+        ] = None,
         format: Annotated[
             Literal["objects", "table"],
             Query(description="objects: a JobList; table: a JobTable (rows of values)"),
         ] = "objects",
     ) -> Response:
         states = {s for s in state.split(",") if s} if state else None
-        jobs = head.list_jobs(who, active, ended, user, team, states, since, limit)
+        jobs = head.list_jobs(who, active, ended, user, team, states, since, limit, array)
         # Plain dicts through pydantic-core's JSON writer: building and validating 10,000
         # JobInfo models costs more than the rest of the request.
         if format == "objects":
@@ -351,16 +360,54 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         return Response(to_json({"columns": columns, "rows": rows}), media_type="application/json")
 
     @app.get("/v1/jobs/{job_id}", response_model=m.JobDetail, responses=NOT_FOUND)
-    def job(job_id: JobId, who: User) -> m.JobDetail:
-        return head.job_detail(who, job_id)
+    def job(job_id: JobRef, who: User) -> m.JobDetail:
+        """One job (an array's id: its first task; `GET /v1/jobs?array=ID` lists them all)."""
+        return head.job_detail(who, head.job_id(job_id))
 
     @app.post(
         "/v1/jobs/{job_id}/cancel", response_model=m.JobInfo, responses={**NOT_FOUND, **CONFLICT}
     )
-    def cancel(job_id: JobId, who: User, body: m.CancelRequest | None = None) -> m.JobInfo:
+    def cancel(job_id: JobRef, who: User, body: m.CancelRequest | None = None) -> m.JobInfo:
+        """Cancel a job, an array task, or every live task of an array (its id); with a
+        `signal`, deliver it instead (scancel -s). The answer is the job named (for an
+        array, its first task still live)."""
         if body is not None and body.signal is not None:
-            return head.signal(who, job_id, body.signal)  # scancel --signal: deliver it only
-        return head.cancel(who, job_id)
+            sig = body.signal
+            done = head.control_jobs(
+                lambda tx: jobcontrol.signal(head.mirror, tx, who, job_id, sig)
+            )
+        else:
+            done = head.control_jobs(lambda tx: jobcontrol.cancel(head.mirror, tx, who, job_id))
+        named = jobcontrol.parse_ref(job_id)[0]
+        return next((j for j in done.jobs if j.id == named), done.jobs[0])
+
+    @app.post(
+        "/v1/jobs/{job_id}/hold", response_model=m.JobList, responses={**NOT_FOUND, **CONFLICT}
+    )
+    def hold(job_id: JobRef, who: User) -> m.JobList:
+        """Keep pending jobs from starting (scontrol hold): reason JobHeldUser, or
+        JobHeldAdmin when an admin holds it (then only an admin releases it)."""
+        return head.control_jobs(lambda tx: jobcontrol.hold(head.mirror, tx, who, job_id))
+
+    @app.post(
+        "/v1/jobs/{job_id}/release", response_model=m.JobList, responses={**NOT_FOUND, **CONFLICT}
+    )
+    def release(job_id: JobRef, who: User) -> m.JobList:
+        """Let held jobs start (scontrol release)."""
+        return head.control_jobs(lambda tx: jobcontrol.release(head.mirror, tx, who, job_id))
+
+    @app.post(
+        "/v1/jobs/{job_id}/requeue", response_model=m.JobList, responses={**NOT_FOUND, **CONFLICT}
+    )
+    def requeue(job_id: JobRef, who: User) -> m.JobList:
+        """Stop running jobs and queue them again (scontrol requeue); counts as a restart."""
+        return head.control_jobs(lambda tx: jobcontrol.requeue(head.mirror, tx, who, job_id))
+
+    @app.patch("/v1/jobs/{job_id}", response_model=m.JobList, responses={**NOT_FOUND, **CONFLICT})
+    def update(job_id: JobRef, body: m.JobUpdate, who: User) -> m.JobList:
+        """Change a pending job's time limit, QOS, priority or dependencies, or a running
+        job's time limit (scontrol update); see JobUpdate for who may change what."""
+        return head.control_jobs(lambda tx: jobcontrol.update(head.mirror, tx, who, job_id, body))
 
     @app.get(
         "/v1/jobs/{job_id}/logs",
@@ -369,18 +416,23 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     )
     async def logs(
         request: Request,
-        job_id: JobId,
+        job_id: JobRef,
         who: User,
         rank: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
         stream: Literal["stdout", "stderr"] = "stdout",
         offset: Annotated[int, Query(ge=0, le=m.MAX_INT64)] = 0,
     ) -> m.LogChunk:
-        rec = head.private_job_record(who, job_id)
+        rec = head.private_job_record(who, head.job_id(job_id))
+        if rec.spec.array is not None and rec.array_job_id == rec.id and "_" not in job_id:
+            raise HeadError(
+                409,
+                f"job {job_id} is an array: name one task, e.g. {job_id}_{rec.array_task_id}",
+            )
         node = head.log_source(rec, rank)
         client: httpx.AsyncClient = request.app.state.http
         try:
             r = await client.get(
-                f"{node.agent_url}/v1/logs/{job_id}",
+                f"{node.agent_url}/v1/logs/{rec.id}",
                 params={"rank": rank, "stream": stream, "offset": offset},
                 headers={"Authorization": f"Bearer {node.agent_secret}"},
             )

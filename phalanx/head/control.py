@@ -313,6 +313,9 @@ def _mark_array_throttle(m: Mirror) -> None:
     """Which array tasks may be queued: at most `max_parallel` of one array at a time."""
     by_array: dict[int, list[int]] = {}
     for rec in m.jobs.values():
+        if rec.hold is not None and not rec.placement:
+            rec.in_core = False  # held: queued when released (corestate.rebuild knows it)
+            continue
         if rec.array_job_id is None or rec.spec.array is None:
             rec.in_core = True
             continue

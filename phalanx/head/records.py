@@ -53,6 +53,7 @@ class JobRecord:
     notices: list[Notice] = field(default_factory=list)  # this epoch's signals to deliver
     notice_deadline: float | None = None  # a preemption notice's kill time (state PR)
     client_token: str | None = None  # the submitter's idempotency key
+    hold: str | None = None  # "user" or "admin": held pending (`phalanx hold`), by whom
     # Ephemeral (rebuilt from heartbeats): node → rank → latest status; node → version at
     # which the job left that node's desired state; when all ranks were first seen running.
     ranks: dict[str, dict[int, ProcessStatus]] = field(default_factory=dict)
@@ -113,6 +114,8 @@ class JobRecord:
                 for n, g in self.placement
             ],
             "workdir": spec.workdir,
+            "hold": self.hold,
+            "begin_time": spec.begin_time,
         }
 
     def row(self) -> dict[str, Any]:
@@ -148,6 +151,7 @@ class JobRecord:
             ),
             "notice_deadline": self.notice_deadline,
             "client_token": self.client_token,
+            "hold": self.hold,
         }
 
     @classmethod
@@ -186,6 +190,7 @@ class JobRecord:
             ),
             notice_deadline=row.notice_deadline,
             client_token=row.client_token,
+            hold=row.hold,
         )
 
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from phalanx.api import models as m
 from phalanx.core import DrainCause
-from phalanx.head import auth, jobs, lifecycle, nodestates, reports, store
+from phalanx.head import auth, jobcontrol, jobs, lifecycle, nodestates, reports, store
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.certs import AgentSigner
 from phalanx.head.control import ControlThread, HeadError, _core_team
@@ -110,16 +110,28 @@ class Head:
     def submit(self, who: Principal, spec: m.JobSpec) -> m.SubmitResponse:
         return self.control.call(lambda tx: jobs.submit(self.mirror, tx, who, spec))
 
-    def cancel(self, who: Principal, job_id: int) -> m.JobInfo:
-        rec = self.control.call(lambda tx: jobs.cancel(self.mirror, tx, who, job_id))
+    def control_jobs(self, fn: Callable[[Tx], list[JobRecord]]) -> m.JobList:
+        """Run a job control (head.jobcontrol) and answer with the jobs it acted on."""
+        recs = self.control.call(fn)
         with self.control.lock:
-            return rec.info(self.mirror.addresses())
+            addresses = self.mirror.addresses()
+            infos = [r.info(addresses, pending_reason(self.mirror, r)) for r in recs]
+        return m.JobList(jobs=infos)
 
-    def signal(self, who: Principal, job_id: int, signal: str) -> m.JobInfo:
-        """Deliver `signal` to a running job's processes without ending it."""
-        rec = self.control.call(lambda tx: jobs.signal(self.mirror, tx, who, job_id, signal))
+    def job_id(self, ref: str) -> int:
+        """The id of the one job `ref` (`123`, `123_4`) names, live or ended (404: none)."""
+        first, task = jobcontrol.parse_ref(ref)
+        if task is None:
+            return first
         with self.control.lock:
-            return rec.info(self.mirror.addresses())
+            found = jobcontrol.task_id(self.mirror, first, task)
+        if found is None:
+            with self.control.engine.connect() as conn:
+                ended = store.array_task(conn, first, task)
+            if ended is None:
+                raise HeadError(404, f"no job {ref}")
+            found = ended.id
+        return found
 
     def list_jobs(
         self,
@@ -131,6 +143,7 @@ class Head:
         states: set[str] | None,
         since: float | None,
         limit: int,
+        array: int | None = None,
     ) -> list[dict[str, Any]]:
         """The jobs `who` may see that match, as JobInfo's JSON-ready dicts (see
         JobRecord.wire): live ones from the mirror, ended ones from the database."""
@@ -139,6 +152,8 @@ class Head:
             with self.control.lock:
                 addresses = self.mirror.addresses()
                 for rec in self.mirror.jobs.values():
+                    if array is not None and rec.array_job_id != array:
+                        continue
                     if _visible(who, rec) and _matches(rec, user, team, states):
                         out.append(rec.wire(addresses, pending_reason(self.mirror, rec)))
                         if len(out) >= limit:
@@ -149,7 +164,7 @@ class Head:
             with self.control.lock:
                 addresses = self.mirror.addresses()
             with self.control.engine.connect() as conn:
-                for rec in store.ended_jobs(conn, since, scope, teams, limit):
+                for rec in store.ended_jobs(conn, since, scope, teams, limit, array):
                     if _visible(who, rec) and _matches(rec, user, team, states):
                         out.append(rec.wire(addresses))
         return out[:limit]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +11,7 @@ from pydantic import ValidationError
 
 from phalanx.api.models import JobSpec
 from phalanx.jobspec import hostlist
+from phalanx.jobspec.begin import parse_begin
 from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.exports import export_env
 from phalanx.jobspec.jobflags import parse_array, parse_dependency, parse_signal
@@ -31,7 +33,7 @@ _OPTION_OF = {
     "signal": "--signal", "max_restarts": "--max-restarts", "exclude_nodes": "-x/--exclude",
     "restart_on_failure": "--restart-on-failure", "checkpoint_dir": "--checkpoint-dir",
     "preempt_signal": "--preempt-signal", "preempt_grace_s": "--preempt-grace",
-    "hang_timeout_s": "--hang-timeout",
+    "hang_timeout_s": "--hang-timeout", "nodelist": "-w/--nodelist", "begin_time": "--begin",
 }  # fmt: skip
 
 
@@ -121,6 +123,12 @@ def assemble(
         warnings.extend(signal_warnings)
     if opts.exclude is not None:
         fields["exclude_nodes"] = hostlist.expand(opts.exclude)
+    if opts.nodelist is not None:
+        fields["nodelist"] = hostlist.expand(opts.nodelist)
+        if opts.nodes is None and opts.gpus is None:
+            fields["nodes"] = len(fields["nodelist"])  # as sbatch: one node per name
+    if opts.begin is not None:
+        fields["begin_time"] = parse_begin(opts.begin, time.time())
     fields.update(recovery_fields(opts, fields["workdir"]))
     env, env_warnings = export_env(opts.export, environ)
     warnings.extend(env_warnings)

@@ -48,6 +48,8 @@ class SubmitOptions:
     export: str | None = None  # --export
     constraint: str | None = None  # -C/--constraint → gpu_model
     exclude: str | None = None  # -x/--exclude (hostlist)
+    nodelist: str | None = None  # -w/--nodelist (hostlist): only these nodes
+    begin: str | None = None  # -b/--begin: not before this time
     max_restarts: str | None = None  # --max-restarts (Phalanx)
     # Fault tolerance (Phalanx's own, like --max-restarts):
     restart_on_failure: bool | None = None  # --restart-on-failure / --no-restart-on-failure

@@ -55,6 +55,8 @@ _SUPPORTED = [
     _value("export", "export"),
     _value("constraint", "constraint", "C"),
     _value("exclude", "exclude", "x"),
+    _value("nodelist", "nodelist", "w"),
+    _value("begin", "begin", "b"),
     _value("launcher", "launcher"),  # Phalanx's own
     _value("max-restarts", "max_restarts"),  # Phalanx's own, as are the ones below
     _flag("restart-on-failure", "restart_on_failure", True),
@@ -67,7 +69,7 @@ _SUPPORTED = [
 # Slurm options Phalanx does not honour: named here so that their value is skipped
 # correctly and the warning says "not supported" rather than "unknown".
 _UNSUPPORTED_WITH_VALUE = {
-    "acctg-freq": None, "batch": None, "bb": None, "bbf": None, "begin": "b",
+    "acctg-freq": None, "batch": None, "bb": None, "bbf": None,
     "cluster-constraint": None, "clusters": "M", "comment": None, "container": None,
     "container-id": None, "core-spec": "S", "cores-per-socket": None, "cpu-bind": None,
     "cpu-freq": None, "cpus-per-gpu": None, "deadline": None, "delay-boot": None,
@@ -75,7 +77,7 @@ _UNSUPPORTED_WITH_VALUE = {
     "gpu-bind": None, "gpu-freq": None, "gres-flags": None, "hint": None, "input": "i",
     "kill-on-invalid-dep": None, "licenses": "L", "mail-type": None, "mail-user": None,
     "mcs-label": None, "mem-bind": None, "mem-per-cpu": None, "mem-per-gpu": None,
-    "mincpus": None, "network": None, "nodefile": "F", "nodelist": "w",
+    "mincpus": None, "network": None, "nodefile": "F",
     "ntasks-per-core": None, "ntasks-per-gpu": None, "ntasks-per-socket": None,
     "open-mode": None, "power": None, "prefer": None, "priority": None, "profile": None,
     "reservation": None, "segment": None, "sockets-per-node": None, "switches": None,

@@ -82,6 +82,7 @@ _OPTION_KEYS: dict[str, tuple[str, Callable[[str, Any], str | bool]]] = {
     "chdir": ("workdir", _text), "export": ("export", _text_or_list),
     "gpu_model": ("constraint", _text), "constraint": ("constraint", _text),
     "exclude": ("exclude", _text_or_list), "exclude_nodes": ("exclude", _text_or_list),
+    "nodelist": ("nodelist", _text_or_list), "begin": ("begin", _text),
     "max_restarts": ("max_restarts", _text),
     "restart_on_failure": ("restart_on_failure", _flag),
     "checkpoint_dir": ("checkpoint_dir", _text), "preempt_signal": ("preempt_signal", _text),

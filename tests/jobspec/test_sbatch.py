@@ -149,7 +149,7 @@ def test_reading_stops_at_first_command_and_warns_about_later_directives() -> No
     [
         ("#SBATCH --mail-user=ada@example.org", "line 2: --mail-user is not supported"),
         ("#SBATCH --hint nomultithread", "line 2: --hint is not supported"),
-        ("#SBATCH -w node1", "line 2: -w/--nodelist is not supported"),
+        ("#SBATCH -F hosts.txt", "line 2: -F/--nodefile is not supported"),
         ("#SBATCH --frobnicate=3", "line 2: unknown option --frobnicate"),
         ("#SBATCH --frobnicate 3", "line 2: unknown option --frobnicate 3"),
         ("#SBATCH -Z", "line 2: unknown option -Z"),
