@@ -176,7 +176,9 @@ def cancel(
             try:
                 info = client.cancel(job_id, signal=signal)
             except ApiError as exc:
-                typer.echo(f"error: job {job_id}: {exc}", err=True)
+                said = str(exc)  # the head's own words often start "job N …" already
+                where = "" if said.startswith(f"job {job_id} ") else f"job {job_id}: "
+                typer.echo(f"error: {where}{said}", err=True)
                 failed.append(job_id)
                 continue
             if json_out:
