@@ -241,6 +241,13 @@ def _build(spec_file: Path | None, command: list[str] | None, cli_opts: Any) -> 
         fail(f"{where}{exc}")
     for message in warnings:
         warn(message)
+    if not os.path.isdir(spec.workdir):
+        # Only a warning: the nodes may mount what this machine does not (sbatch, too,
+        # leaves it to the node). There the agent never creates it: the job fails.
+        warn(
+            f"working directory {spec.workdir} does not exist on this machine; "
+            "the job fails (LaunchFailed) unless it exists on its nodes"
+        )
     return spec
 
 

@@ -172,3 +172,21 @@ def test_memory_or_cpus_beyond_every_node_are_refused_at_submit(
         "error: asks for 3 nodes with 1 GPU each; the cluster has 2 such nodes\n",
     )
 
+
+def test_a_missing_workdir_is_never_created_and_fails_the_job(
+    cluster: LocalCluster, admin_env: dict[str, str], tmp_path: Path
+) -> None:
+    typo = tmp_path / "no-such" / "dir"
+    proc = run_cli(
+        "submit", "-D", str(typo), "--wait", "--", "true", env=admin_env, cwd=tmp_path
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith(
+        f"warning: working directory {typo} does not exist on this machine; "
+        "the job fails (LaunchFailed) unless it exists on its nodes\n"
+    )
+    job_id = int(proc.stdout.split("Submitted job ")[1].split()[0])
+    info = _detail(admin_env, job_id).job
+    assert (info.state, info.reason, info.restart_count) == ("F", "LaunchFailed", 0)
+    assert f"working directory {typo} does not exist on this node" in (info.reason_message or "")
+    assert not (tmp_path / "no-such").exists()
