@@ -200,7 +200,14 @@ def _build(spec_file: Path | None, command: list[str] | None, cli_opts: Any) -> 
     """Parse whichever input was given into one JobSpec; bad input exits 2 with a message."""
     import dataclasses
 
-    from phalanx.jobspec import JobSpecError, build_spec, load_yaml, merge, parse_sbatch
+    from phalanx.jobspec import (
+        JobSpecError,
+        build_spec,
+        check_script,
+        load_yaml,
+        merge,
+        parse_sbatch,
+    )
 
     cwd, environ = os.getcwd(), dict(os.environ)
     try:
@@ -226,6 +233,7 @@ def _build(spec_file: Path | None, command: list[str] | None, cli_opts: Any) -> 
                     fail(f"{flags}: set these in {spec_file} (flags do not apply to a YAML spec)")
                 spec, warnings = load_yaml(text, cwd=cwd, environ=environ)
             else:
+                check_script(text)
                 script_opts, warnings = parse_sbatch(text)
                 spec, more = build_spec(
                     merge(script_opts, cli_opts),
