@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -83,7 +87,30 @@ def test_wait_exits_with_the_jobs_exit_code(
         env=admin_env, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 3, proc.stderr
-    assert re.search(r"job \d+: F .*exit 3:0", proc.stderr), proc.stderr
+    # stderr is a pipe: status lines, the last one ending the output with a newline.
+    assert re.fullmatch(r"(job \d+: [A-Z]+ .*\n)*job \d+: F .*exit 3:0\n", proc.stderr), proc.stderr
+
+
+def test_ctrl_c_during_wait_leaves_the_job_running_and_says_how_to_cancel_it(
+    cluster: LocalCluster, admin_env: dict[str, str], tmp_path: Path
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phalanx", "submit", "--wait", "--", "sleep", "120"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, **admin_env},
+    )
+    assert proc.stdout is not None
+    job_id = int(proc.stdout.readline().split("Submitted job ")[1])
+    assert _wait_state(admin_env, job_id, {"R"}) == "R"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.endswith(f"job {job_id} keeps running; `phalanx cancel {job_id}`\n"), err
+    assert _detail(admin_env, job_id).job.state == "R"  # only the waiting stopped
+    assert invoke("cancel", str(job_id), env=admin_env).exit_code == 0
 
 
 def test_queue_then_cancel(cluster: LocalCluster, admin_env: dict[str, str]) -> None:
