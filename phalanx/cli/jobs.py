@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 import time
@@ -176,8 +177,9 @@ def cancel(
             try:
                 info = client.cancel(job_id, signal=signal)
             except ApiError as exc:
-                said = str(exc)  # the head's own words often start "job N …" already
-                where = "" if said.startswith(f"job {job_id} ") else f"job {job_id}: "
+                said = str(exc)  # the head's words often name the job ("no job N") already
+                named = re.search(rf"\bjob {job_id}\b", said) is not None
+                where = "" if named else f"job {job_id}: "
                 typer.echo(f"error: {where}{said}", err=True)
                 failed.append(job_id)
                 continue

@@ -140,6 +140,8 @@ def test_unknown_job_is_a_one_line_error(cluster: LocalCluster, admin_env: dict[
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and "999999" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    cancelled = invoke("cancel", "999999", env=admin_env)  # not "job 999999: no job 999999"
+    assert (cancelled.exit_code, cancelled.stderr) == (2, "error: no job 999999\n")
 
 
 def test_a_new_user_with_a_token_sees_only_their_jobs(
