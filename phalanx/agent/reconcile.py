@@ -17,7 +17,13 @@ from phalanx.api.models import Assignment, DesiredState, ProcessStatus
 from phalanx.jobspec import expand_pattern
 
 from . import identity, leftovers, logfiles, notices
-from .admission import LAUNCH_FAILED, Refused, output_problem
+from .admission import (
+    LAUNCH_FAILED,
+    Refused,
+    output_problem,
+    workdir_problem,
+    workdir_usable,
+)
 from .confine import JobConfiner
 from .env import global_rank, job_env, local_ranks
 from .identity import JOB_UMASK, RunAs
@@ -92,11 +98,13 @@ def launch_failed(e: identity.Refused) -> str:
     return f"{LAUNCH_FAILED}{e}"
 
 
-# Creates the job's -o/-e files fresh and its checkpoint directory, as the job's user, in
-# the job's working directory; prints each file it cannot create (a directory, no
-# permission). Arguments: WORKDIR CHECKPOINT_DIR FILE…
+# Checks that the job's user can enter its working directory (else exit 3), then creates
+# the job's -o/-e files fresh and its checkpoint directory, as that user, there; prints
+# each file it cannot create (a directory, no permission). Arguments: WORKDIR
+# CHECKPOINT_DIR FILE…
+_NO_WORKDIR = 3
 _PREPARE_AS_USER = r"""
-cd -- "$1" 2>/dev/null || exit 0
+cd -- "$1" 2>/dev/null || exit 3
 [ -n "$2" ] && mkdir -p -- "$2" 2>/dev/null
 shift 2
 for f; do { true >"$f"; } 2>/dev/null || printf '%s\n' "$f"; done
@@ -239,9 +247,12 @@ class Reconciler:
             user = run_as(a)
             # The agent checks -o/-e paths itself only for its own user's jobs: another
             # user's files are checked and created by that user (_prepare_as_user).
-            problem = (
-                None if user.switches else self._output_problem(a, user, [r for r, _ in ranks])
-            )
+            if user.switches:
+                problem = None  # checked as that user (_prepare_as_user)
+            elif not workdir_usable(a.workdir):
+                problem = workdir_problem(a.workdir)
+            else:
+                problem = self._output_problem(a, user, [r for r, _ in ranks])
         except identity.Refused as e:
             problem = launch_failed(e)
         if problem is not None or user is None:
@@ -442,18 +453,25 @@ class Reconciler:
         return out, err
 
     def _prepare_as_user(self, a: Assignment, user: RunAs, ranks: list[int]) -> str | None:
-        """As the job's user: create its checkpoint directory, and its `-o`/`-e` files
-        afresh once per launch (kept on restarts, as Slurm). A file the user cannot create
-        (a directory, no permission) fails the launch ("LaunchFailed: …"); other failures
-        here fail again, with a message, when the ranks open their files."""
+        """As the job's user: check it may enter its working directory, create its
+        checkpoint directory, and its `-o`/`-e` files afresh once per launch (kept on
+        restarts, as Slurm). A working directory the user cannot enter or a file it cannot
+        create (a directory, no permission) fails the launch ("LaunchFailed: …"); other
+        failures here fail again, with a message, when the ranks start."""
         files = set()
         if a.restart_count == 0:
             files = {str(p) for r in ranks for p in self._output_paths(a, r) if p is not None}
-        if not files and not a.checkpoint_dir:
-            return None
         try:
             done = subprocess.run(
-                [SHELL, "-c", _PREPARE_AS_USER, "-", a.workdir, a.checkpoint_dir, *sorted(files)],
+                [
+                    SHELL,
+                    "-c",
+                    _PREPARE_AS_USER,
+                    "-",
+                    a.workdir,
+                    a.checkpoint_dir or "",
+                    *sorted(files),
+                ],
                 env={**identity.sane_env(), **user.env()},
                 cwd="/",
                 stdin=subprocess.DEVNULL,
@@ -469,6 +487,8 @@ class Reconciler:
         except (OSError, subprocess.TimeoutExpired) as e:
             log.warning("job %d: cannot prepare its files as uid %d: %s", a.job_id, user.uid, e)
             return None
+        if done.returncode == _NO_WORKDIR:
+            return workdir_problem(a.workdir, a.user)
         unwritable = done.stdout.decode(errors="replace").splitlines()
         if not unwritable:
             return None

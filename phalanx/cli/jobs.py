@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 import time
@@ -175,7 +176,10 @@ def cancel(
             try:
                 info = client.cancel(ref, signal=signal)
             except ApiError as exc:
-                typer.echo(f"error: job {ref}: {exc}", err=True)
+                said = str(exc)  # the head's words often name the job ("no job N") already
+                named = re.search(rf"\bjob {re.escape(str(ref))}\b", said) is not None
+                where = "" if named else f"job {ref}: "
+                typer.echo(f"error: {where}{said}", err=True)
                 failed.append(ref)
                 continue
             what = f"job {ref}"

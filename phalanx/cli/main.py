@@ -12,16 +12,17 @@ from phalanx.cli.connect import select_context
 from phalanx.cli.contexts import CONTEXT_HELP, context_app
 from phalanx.cli.jobctl import hold, release, requeue, update
 from phalanx.cli.jobs import cancel, history, logs, queue, show
-from phalanx.cli.lazy import LazyGroup
 from phalanx.cli.local import local_app
 from phalanx.cli.nodes import drain, nodes, resume
 from phalanx.cli.services import agent, head, up
 from phalanx.cli.submit import SubmitCommand, submit
 from phalanx.cli.tokens import token_app
+from phalanx.cli.usage import CliGroup
 
 app = typer.Typer(
     name="phalanx",
-    cls=LazyGroup,  # `sim` and its heavy imports load only when used
+    # `sim` and its heavy imports load only when used; usage errors are one line.
+    cls=CliGroup,
     help="Phalanx: many GPU servers, working like one.",
     no_args_is_help=True,
     add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, …)

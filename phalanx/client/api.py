@@ -66,10 +66,15 @@ FIRST_CONTACT_RETRY_S = 3.0
 
 class ApiError(Exception):
     """A request to the head failed: `status` is the HTTP status (None when the head could
-    not be reached) and `detail` the server's explanation, ready to show to a user."""
+    not be reached) and `detail` the server's explanation, ready to show to a user.
+
+    The message is the detail alone: the head's details name the problem in words, and a
+    status code is noise to the person reading it. A server fault (5xx but 503, whose
+    detail says which head is the leader), which no detail explains, keeps its status."""
 
     def __init__(self, status: int | None, detail: str) -> None:
-        super().__init__(detail if status is None else f"{detail} (HTTP {status})")
+        server_fault = status is not None and status >= 500 and status != 503
+        super().__init__(f"the head failed (HTTP {status}): {detail}" if server_fault else detail)
         self.status = status
         self.detail = detail
 

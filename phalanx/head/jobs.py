@@ -8,7 +8,7 @@ import re
 
 from phalanx.api.models import DependencySpec, JobSpec, SubmitResponse
 from phalanx.core import JobState
-from phalanx.head import corestate, store
+from phalanx.head import capacity, corestate, store
 from phalanx.head.auth import Principal, allowed_qos
 from phalanx.head.control import HeadError
 from phalanx.head.mirror import Mirror, Tx
@@ -48,7 +48,9 @@ def submit(
         raise HeadError(422, "give exactly one of `command` and `script`")
     if spec.command is not None and not spec.command:
         raise HeadError(422, "`command` is empty")
-    _check_capacity(mirror, spec)
+    capacity.check(mirror.nodes.values(), spec)
+    if spec.nodelist:
+        _check_nodelist(mirror, spec)
     check_dependencies(mirror, tx, spec.dependencies)
 
     indices: list[int | None] = list(spec.array.indices) if spec.array else [None]
@@ -160,37 +162,6 @@ def submit_once(
     answer = submit(mirror, tx, who, spec, client_token=key)
     keys.add(who.user, key, answer.job_ids[0])
     return answer, True
-
-
-def _check_capacity(mirror: Mirror, spec: JobSpec) -> None:
-    """Refuse a job no node set could ever run (once nodes have joined)."""
-    if not mirror.nodes:
-        return
-    shapes = [
-        len(n.gpus)
-        for n in mirror.nodes.values()
-        if spec.gpu_model is None or (n.gpus and n.gpus[0].model.lower() == spec.gpu_model.lower())
-    ]
-    if not shapes:
-        models = sorted({n.gpus[0].model for n in mirror.nodes.values() if n.gpus})
-        raise HeadError(
-            422, f"no node has GPU model {spec.gpu_model!r}; models: {', '.join(models)}"
-        )
-    largest = max(shapes)
-    if spec.gpus_per_node > largest:
-        raise HeadError(
-            422,
-            f"asks for {spec.gpus_per_node} GPUs per node; the largest node has {largest}",
-        )
-    fitting = sum(1 for s in shapes if s >= spec.gpus_per_node)
-    if spec.nodes > fitting:
-        raise HeadError(
-            422,
-            f"asks for {spec.nodes} nodes with {spec.gpus_per_node} GPUs each; "
-            f"the cluster has {fitting} such node(s)",
-        )
-    if spec.nodelist:
-        _check_nodelist(mirror, spec)
 
 
 def _check_nodelist(mirror: Mirror, spec: JobSpec) -> None:

@@ -19,8 +19,11 @@ from phalanx.jobspec.options import SubmitOptions
 from phalanx.jobspec.recovery import recovery_fields
 from phalanx.jobspec.resources import parse_count, resolve
 from phalanx.jobspec.units import parse_mem, parse_time
+from phalanx.jobspec.wording import echo, plain
 
 LAUNCHERS = ("torchrun", "node", "batch")
+MAX_CPUS_PER_TASK = 4096  # JobSpec's bounds, checked here so the message names the flag
+MAX_RESTARTS = 1000
 # How each JobSpec field is spelled on the command line, for error messages.
 _OPTION_OF = {
     "name": "-J/--job-name", "command": "the command", "script": "the script",
@@ -92,13 +95,17 @@ def assemble(
     if res.gpu_model is not None:
         fields["gpu_model"] = res.gpu_model
     if opts.cpus_per_task is not None:
-        fields["cpus_per_task"] = parse_count("--cpus-per-task", opts.cpus_per_task)
+        fields["cpus_per_task"] = parse_count(
+            "--cpus-per-task", opts.cpus_per_task, maximum=MAX_CPUS_PER_TASK
+        )
     if opts.mem is not None:
         fields["mem_mb"] = parse_mem(opts.mem) or None  # 0: Slurm's "whole node"; no request
     if opts.time is not None:
         fields["time_limit_s"] = parse_time(opts.time)
     if opts.max_restarts is not None:
-        fields["max_restarts"] = parse_count("--max-restarts", opts.max_restarts, minimum=0)
+        fields["max_restarts"] = parse_count(
+            "--max-restarts", opts.max_restarts, minimum=0, maximum=MAX_RESTARTS
+        )
     for field, value in (
         ("team", opts.partition),
         ("qos", opts.qos),
@@ -185,9 +192,7 @@ def _validate(fields: dict[str, Any]) -> JobSpec:
             field = str(loc[0]) if loc else "?"
             where = _OPTION_OF.get(field, field)
             detail = ".".join(str(part) for part in loc[1:])
-            shown = repr(error.get("input"))
-            shown = shown if len(shown) <= 80 else shown[:77] + "..."
             problems.append(
-                f"{where}{' (' + detail + ')' if detail else ''}: {error['msg']} (got {shown})"
+                f"{where}{' (' + detail + ')' if detail else ''}: {plain(error)}{echo(error)}"
             )
-        raise JobSpecError("invalid job: " + "; ".join(problems)) from None
+        raise JobSpecError("; ".join(problems)) from None

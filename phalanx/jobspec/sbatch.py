@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.options import SubmitOptions
+from phalanx.jobspec.wording import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,28 @@ _BY_SHORT = {opt.short: opt for opt in _OPTIONS if opt.short}
 _DIRECTIVE = "#SBATCH"
 
 
+def check_script(text: str) -> None:
+    """Refuse a batch script file that sbatch refuses: one whose first line is not
+    `#!INTERPRETER` ("This does not look like a batch script"), and a binary file, which
+    would otherwise fail only when it ran (`cannot execute binary file`, exit 126).
+    An empty script is left to build_spec, which says so."""
+    if not text.strip():
+        return
+    if "\x00" in text:
+        raise JobSpecError(
+            "a binary file, not a batch script; to run a program, put it after --: "
+            "phalanx submit [FLAGS] -- PROGRAM ARGS…"
+        )
+    if not text.startswith("#!"):
+        first = text.splitlines()[0] if text.splitlines() else ""
+        shown = first if len(first) <= 40 else first[:37] + "..."
+        raise JobSpecError(
+            f"not a batch script: its first line ({shown!r}) must start with #! and an "
+            "interpreter, e.g. #!/bin/bash (as sbatch requires); to run a command, put it "
+            "after --: phalanx submit [FLAGS] -- CMD ARGS…"
+        )
+
+
 def parse_sbatch(text: str) -> tuple[SubmitOptions, list[str]]:
     """Read the `#SBATCH` directives of a batch script into SubmitOptions.
 
@@ -159,9 +182,10 @@ def _parse_line(rest: str, number: int, opts: SubmitOptions, warnings: list[str]
             opt = _lookup_long(name)
             if opt is None:
                 label = f"--{name}"
+                hint = did_you_mean(name, _BY_LONG, prefix="--")
                 if value is None and i < len(tokens) and not tokens[i].startswith("-"):
                     label, i = f"{label} {tokens[i]}", i + 1
-                warnings.append(f"line {number}: unknown option {label}; ignored")
+                warnings.append(f"line {number}: unknown option {label}{hint}; ignored")
                 continue
             shown = f"--{opt.long}"
         elif token.startswith("-") and len(token) > 1 and token[1] != "-":

@@ -13,6 +13,7 @@ from phalanx.api.models import JobSpec
 from phalanx.jobspec.build import assemble
 from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.options import SubmitOptions
+from phalanx.jobspec.wording import did_you_mean
 
 
 class _Loader(yaml.SafeLoader):
@@ -126,8 +127,9 @@ def load_yaml(text: str, *, cwd: str, environ: Mapping[str, str]) -> tuple[JobSp
     data = {str(key).replace("-", "_"): value for key, value in data.items()}
     unknown = sorted(set(data) - ALLOWED_KEYS)
     if unknown:
+        named = ", ".join(key + did_you_mean(key, ALLOWED_KEYS) for key in unknown)
         raise JobSpecError(
-            f"unknown key(s) in the YAML job file: {', '.join(unknown)}; allowed keys: "
+            f"unknown key(s) in the YAML job file: {named}; allowed keys: "
             + ", ".join(sorted(ALLOWED_KEYS))
         )
     for same in _SAME:
