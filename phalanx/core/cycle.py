@@ -121,7 +121,7 @@ def schedule(
     default = Reason(ReasonCode.PRIORITY, "waiting for jobs ahead of it")
     try:
         # Phase 2 — order: merge the heads of the team queues by the policy's key.
-        for examined, job in enumerate(_ordered(state, now)):
+        for examined, job in enumerate(queue_order(state, now)):
             if examined >= config.depth:
                 default = Reason(
                     ReasonCode.NOT_CONSIDERED,
@@ -425,7 +425,9 @@ def _ends_before(job: JobRequest, now: float, reservation: Reservation) -> bool:
     return job.time_limit_s is not None and now + job.time_limit_s <= reservation.start_s
 
 
-def _ordered(state: ClusterState, now: float) -> Iterator[JobRequest]:
+def queue_order(state: ClusterState, now: float) -> Iterator[JobRequest]:
+    """The eligible queued jobs in the order a cycle at `now` considers them (the
+    policy's merge of the team queues); `phalanx priority` shows it."""
     policy = state.policy
     heap: list[tuple[tuple[float, ...], int, Iterator[tuple[tuple[float, ...], int]], float]] = []
     for index, (team, queue) in enumerate(sorted(state.queues.items())):
