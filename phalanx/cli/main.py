@@ -6,12 +6,14 @@ import typer
 
 from phalanx import __version__
 from phalanx.cli.admin import admin, whoami
-from phalanx.cli.jobs import cancel, history, logs, queue, show
+from phalanx.cli.jobs import cancel, show
 from phalanx.cli.lazy import LazyGroup
+from phalanx.cli.logs import logs
 from phalanx.cli.nodes import drain, nodes, resume
 from phalanx.cli.services import agent, head, up
 from phalanx.cli.submit import SubmitCommand, submit
 from phalanx.cli.tokens import token_app
+from phalanx.cli.views import history, priority, queue, share
 
 app = typer.Typer(
     name="phalanx",
@@ -27,6 +29,8 @@ app.command("show")(show)
 app.command("cancel")(cancel)
 app.command("history")(history)
 app.command("logs")(logs)
+app.command("priority")(priority)
+app.command("share")(share)
 app.command("nodes")(nodes)
 app.command("drain")(drain)
 app.command("resume")(resume)
