@@ -133,9 +133,13 @@ def cell(value: str) -> str:
 def clip(value: str, width: int) -> str:
     """`value` cut to `width` terminal cells with a trailing `…` (0: never cut); wide
     characters (CJK) count as two cells, as a terminal shows them."""
+    if width <= 0 or len(value) <= width // 2:  # fits however wide its characters are
+        return value
+    if value.isascii():
+        return value if len(value) <= width else value[: width - 1] + "…"
     from rich.cells import cell_len, set_cell_size
 
-    if width <= 0 or cell_len(value) <= width:
+    if cell_len(value) <= width:
         return value
     return set_cell_size(value, width - 1) + "…"
 
@@ -167,7 +171,10 @@ def print_table(
         console().print(table)
         return
     # Widths in terminal cells, not characters: a CJK character takes two.
-    from rich.cells import cell_len
+    from rich.cells import cell_len as rich_cell_len
+
+    def cell_len(value: str) -> int:
+        return len(value) if value.isascii() else rich_cell_len(value)
 
     widths = [cell_len(title) for title, _ in columns]
     for row in rows:

@@ -50,10 +50,11 @@ def label(job: Job) -> str:
 def nodelist(job: Job) -> str:
     """The job's nodes as one compressed host list (`127.0.0.[2-3]`), as squeue and the
     job's own SLURM_JOB_NODELIST write them."""
+    if not job["placement"]:
+        return ""
     from phalanx.jobspec.hostlist import compress
 
-    names = list(dict.fromkeys(p["node"] for p in job["placement"]))
-    return compress(names) if names else ""
+    return compress(list(dict.fromkeys(p["node"] for p in job["placement"])))
 
 
 def _num(value: Any) -> tuple[int, Any]:
