@@ -223,6 +223,10 @@ class JobInfo(Lenient):
     workdir: str
     hold: Literal["user", "admin"] | None = None  # held (`phalanx hold`): who may release it
     begin_time: float | None = None  # `--begin`: not before this (unix seconds)
+    # A requeued job's start_time is its latest run's: these span every run (from the
+    # typed job events). None: it never started.
+    first_start_time: UnixTime | None = None
+    run_time_s: Seconds | None = None  # time it held GPUs over all its runs, as of the answer
 
 
 class JobEvent(Lenient):
@@ -247,6 +251,17 @@ class JobProgress(Lenient):
     time: UnixTime
 
 
+class JobGpu(Lenient):
+    """One GPU a running job holds, as its node's agent last reported it."""
+
+    node: Annotated[str, StringConstraints(max_length=128)]
+    index: GpuIndex
+    utilization_pct: Measure | None = None
+    memory_used_mb: Count | None = None
+    memory_mb: Count | None = None  # the GPU's total memory
+    age_s: Seconds | None = None  # how old the reading is
+
+
 class JobDetail(Lenient):
     job: JobInfo
     spec: JobSpec = Field(
@@ -255,6 +270,8 @@ class JobDetail(Lenient):
     )
     events: list[JobEvent]
     progress: list[JobProgress] = []  # the latest report of each reporting rank (live jobs)
+    # The latest telemetry of each GPU the job holds (running jobs whose agents report it).
+    gpus: list[JobGpu] = Field(default=[], max_length=MAX_NODES * (MAX_GPUS_PER_NODE + 1))
     # The spec's `env` is shown only to the owner, team admins and admins (it may hold
     # secrets); a teammate gets `env` empty and this set.
     env_hidden: bool = False
@@ -339,6 +356,10 @@ class NodeInfo(Lenient):
     jobs: list[int]
     # How the node confines jobs: "cgroup-v1", "cgroup-v2 (…)" or "none: <reason>".
     confinement: str = "unknown"
+    # Each GPU's latest reading from the agent's heartbeats (empty until one arrives) and
+    # how old it is; kept in memory only.
+    gpu_telemetry: list[GpuTelemetry] = Field(default=[], max_length=MAX_GPUS_PER_NODE + 1)
+    telemetry_age_s: Seconds | None = None
 
 
 class NodeList(Lenient):
@@ -650,6 +671,51 @@ class TeamInfo(Lenient):
 
 class TeamList(Lenient):
     teams: list[TeamInfo]
+
+
+# ----------------------------------------------------------------------------- standing
+class PendingPriority(Lenient):
+    """One queued job's place in the scheduler's order and the numbers that put it there
+    (`phalanx priority`, like sprio)."""
+
+    rank: Annotated[int, Field(ge=1, le=MAX_INT32)]  # 1: considered first by the next cycle
+    job_id: JobId
+    user: Annotated[str, StringConstraints(max_length=128)]
+    team: Label
+    qos: Label
+    qos_priority: Annotated[int, Field(ge=0, le=MAX_INT32)]  # the QOS's class: higher first
+    fairshare: Annotated[float, Field(ge=0, le=1e18, allow_inf_nan=False)]  # lower first
+    age_s: Seconds  # since submission: older first among equals
+
+
+class PriorityList(Lenient):
+    policy: Label  # the ordering policy the head runs
+    order: Text  # what the policy orders by, in words
+    jobs: list[PendingPriority] = Field(max_length=1_000_000)
+
+
+class TeamShare(Lenient):
+    """A team's quota, use and fair-share standing as the scheduler sees them now
+    (`phalanx share`, like sshare)."""
+
+    team: Label
+    quota_gpus: Count | None  # None: no quota
+    cohort: Label | None
+    borrowing_limit: Count | None
+    share: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]  # fair-share weight
+    gpus_in_use: Count
+    borrowed_gpus: Count  # in use above its quota (lent by its cohort)
+    usage_gpu_h: Annotated[float, Field(ge=0, le=1e15, allow_inf_nan=False)]  # decayed
+    fairshare: Annotated[float, Field(ge=0, le=1e18, allow_inf_nan=False)]  # usage / share
+    pending_jobs: Count
+    pending_gpus: Count
+
+
+class ShareList(Lenient):
+    policy: Label
+    uses_fairshare: bool  # whether the policy orders teams by fair share at all
+    halflife_s: Seconds  # usage decays by half over this long
+    teams: list[TeamShare] = Field(max_length=100_000)
 
 
 class ErrorBody(Lenient):

@@ -1,35 +1,30 @@
-"""`phalanx queue`, `show`, `cancel`, `history` and `logs`: looking at and stopping jobs."""
+"""`phalanx show` and `cancel`: one job in full, and stopping jobs (queue, history and logs:
+cli/views.py, cli/logs.py)."""
 
 from __future__ import annotations
 
 import re
 import shlex
-import sys
-import time
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from phalanx.api.states import JOB_STATES
 from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
 from phalanx.cli.jobctl import JobsArg, job_refs
 from phalanx.cli.jobctl import label as _label
 from phalanx.cli.output import (
     STATE_STYLE,
+    cell,
     console,
     duration,
-    elapsed,
     fail,
-    parse_since,
     print_json,
     print_table,
     timestamp,
 )
 
 if TYPE_CHECKING:
-    from phalanx.api.models import JobInfo, JobList
-
-STATES = JOB_STATES
+    from phalanx.api.models import JobDetail, JobInfo, JobList
 
 
 JOB_HELP = "Job id: 123, or 123_4 for task 4 of array 123."
@@ -43,116 +38,6 @@ def job_id_label(job: JobInfo) -> str:
 def nodelist(job: JobInfo) -> str:
     """The job's nodes in placement order, each once."""
     return ",".join(dict.fromkeys(p.node for p in job.placement))
-
-
-def _states(value: str | None) -> list[str]:
-    if not value:
-        return []
-    states = [s.strip().upper() for s in value.split(",") if s.strip()]
-    unknown = [s for s in states if s not in STATES]
-    if unknown:
-        fail(f"unknown state {', '.join(unknown)}; known: {', '.join(STATES)}")
-    return states
-
-
-def _styled(state: str) -> str:
-    style = STATE_STYLE.get(state, "red")
-    return f"[{style}]{state}[/{style}]"
-
-
-def queue(
-    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
-    team: Annotated[str | None, typer.Option("--team", help="Only this team's jobs.")] = None,
-    state: Annotated[
-        str | None, typer.Option("--state", "-t", help="Only these states, e.g. PD,R.")
-    ] = None,
-    me: Annotated[bool, typer.Option("--me", help="Only my jobs.")] = False,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many jobs.")] = 1000,
-    json_out: JsonOpt = False,
-    head: HeadOpt = None,
-    token: TokenOpt = None,
-) -> None:
-    """List pending and running jobs (like squeue)."""
-
-    states = _states(state)
-    if me and user:
-        fail("give --me or --user, not both")
-    with connect(head, token) as client:
-        if me:
-            user = client.whoami().user
-        if json_out:
-            print_json(client.jobs(active=True, user=user, team=team, states=states, limit=limit))
-            return
-        # Rows of values, not 10,000 models: what keeps a big queue fast.
-        table = client.job_table(active=True, user=user, team=team, states=states, limit=limit)
-    now = time.time()
-    columns = [("JOBID", False), ("NAME", False), ("USER", False), ("TEAM", False)]
-    columns += [("ST", False), ("TIME", True), ("NODES", True), ("GPUS", True)]
-    columns += [("NODELIST(REASON)", False)]
-    rows = []
-    for values in table.rows:
-        job: dict[str, Any] = dict(zip(table.columns, values, strict=True))
-        nodes = ",".join(dict.fromkeys(p["node"] for p in job["placement"]))
-        rows.append(
-            [
-                _label(job["id"], job["array_job_id"], job["array_task_id"]),
-                job["name"],
-                job["user"],
-                job["team"],
-                job["state"],
-                duration(elapsed(job["start_time"], job["end_time"], now) or 0),
-                str(job["nodes"]),
-                str(job["nodes"] * job["gpus_per_node"]),
-                nodes or f"({job['reason'] or 'None'})",
-            ]
-        )
-    print_table(columns, rows, {4: STATE_STYLE})
-
-
-def history(
-    since: Annotated[
-        str | None,
-        typer.Option(help="Jobs that ended after this: an age (12h, 7d), a date or unix time."),
-    ] = None,
-    user: Annotated[str | None, typer.Option("--user", "-u", help="Only this user's jobs.")] = None,
-    team: Annotated[str | None, typer.Option("--team", help="Only this team's jobs.")] = None,
-    state: Annotated[
-        str | None, typer.Option("--state", "-s", help="Only these end states, e.g. F,TO.")
-    ] = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many jobs.")] = 1000,
-    json_out: JsonOpt = False,
-    head: HeadOpt = None,
-    token: TokenOpt = None,
-) -> None:
-    """List jobs that ended (like sacct)."""
-
-    states = _states(state)
-    since_unix = parse_since(since) if since else None
-    with connect(head, token) as client:
-        jobs: JobList = client.jobs(
-            ended=True, since=since_unix, user=user, team=team, states=states, limit=limit
-        )
-    if json_out:
-        print_json(jobs)
-        return
-    columns = [("JOBID", False), ("NAME", False), ("USER", False), ("TEAM", False)]
-    columns += [("STATE", False), ("EXITCODE", False), ("ELAPSED", True)]
-    columns += [("START", False), ("END", False)]
-    rows = [
-        [
-            job_id_label(job),
-            job.name,
-            job.user,
-            job.team,
-            job.state,
-            job.exit_code or "",
-            duration(elapsed(job.start_time, job.end_time)),
-            timestamp(job.start_time) or "Unknown",
-            timestamp(job.end_time) or "Unknown",
-        ]
-        for job in jobs.jobs
-    ]
-    print_table(columns, rows, {4: STATE_STYLE})
 
 
 def cancel(
@@ -237,9 +122,11 @@ def show(
         "Nodes": f"{job.nodes} × {job.gpus_per_node} GPUs",
         "TimeLimit": duration(job.time_limit_s) if job.time_limit_s else "UNLIMITED",
         "SubmitTime": timestamp(job.submit_time),
-        "StartTime": timestamp(job.start_time) or "Unknown",
+        # A requeued job's first start, and its time over all runs (LastStartTime: this run).
+        "StartTime": timestamp(job.first_start_time) or "Unknown",
+        "LastStartTime": timestamp(job.start_time) or "Unknown",
         "EndTime": timestamp(job.end_time) or "Unknown",
-        "RunTime": duration(elapsed(job.start_time, job.end_time)) or "0:00",
+        "RunTime": duration(job.run_time_s) or "0:00",
         "ExitCode": job.exit_code or "",
         "Restarts": str(job.restart_count),
         "Epoch": str(job.epoch),
@@ -250,16 +137,10 @@ def show(
     grid.add_column(style="bold")
     grid.add_column()
     for key, value in facts.items():
-        grid.add_row(key, escape(value))
+        grid.add_row(key, escape(cell(value)))
     out.print(grid)
     if job.placement:
-        out.print("\n[bold]Placement[/bold]")
-        table = Table(box=None, pad_edge=False, header_style="bold")
-        for column in ("RANK", "NODE", "ADDRESS", "GPUS"):
-            table.add_column(column)
-        for rank, p in enumerate(job.placement):
-            table.add_row(str(rank), p.node, p.address, ",".join(map(str, p.gpus)))
-        out.print(table)
+        _placement(detail)
     if detail.events:
         out.print("\n[bold]Events[/bold]")
         table = Table(box=None, pad_edge=False, header_style="bold")
@@ -268,7 +149,11 @@ def show(
         for event in detail.events:
             move = f"{event.from_state}→{event.to_state}" if event.to_state else ""
             table.add_row(
-                timestamp(event.time), event.kind, move, event.node or "", escape(event.message)
+                timestamp(event.time),
+                event.kind,
+                move,
+                event.node or "",
+                escape(cell(event.message)),
             )
         out.print(table)
 
@@ -296,42 +181,47 @@ def _show_array(ref: str, tasks: JobList, json_out: bool) -> None:
     print_table(columns, rows, {1: STATE_STYLE})
 
 
-def logs(
-    job_id: Annotated[str, typer.Argument(help=JOB_HELP, show_default=False)],
-    rank: Annotated[int, typer.Option("--rank", "-r", min=0, help="Which rank's log.")] = 0,
-    stderr: Annotated[bool, typer.Option("--stderr", help="Show stderr, not stdout.")] = False,
-    follow: Annotated[
-        bool, typer.Option("--follow", "-f", help="Keep printing until the rank ends.")
-    ] = False,
-    poll_s: Annotated[float, typer.Option(min=0.05, help="Seconds between polls with -f.")] = 0.5,
-    head: HeadOpt = None,
-    token: TokenOpt = None,
-) -> None:
-    """Print a rank's log (stdout by default); with -f, follow it until the rank ends."""
-    from phalanx.client.api import ApiError
+def node_ranks(job: JobInfo, node_rank: int) -> str:
+    """The process ranks (`logs --rank`) the `node_rank`-th node of `job` runs, as a
+    range: one per GPU with torchrun, one per node with the node launcher, the batch
+    script (rank 0) on the first node."""
+    if job.launcher == "batch":
+        return "0 (batch script)" if node_rank == 0 else "-"
+    if job.launcher == "node":
+        return str(node_rank)
+    g = job.gpus_per_node
+    return f"{node_rank * g}-{node_rank * g + g - 1}" if g > 1 else str(node_rank * g)
 
-    stream: Literal["stdout", "stderr"] = "stderr" if stderr else "stdout"
-    offset = 0
-    [ref] = job_refs([job_id]) if "[" not in job_id else [""]
-    if not ref:
-        fail(f"{job_id!r}: logs takes one job (123 or 123_4), not a range")
-    with connect(head, token) as client:
-        while True:
-            try:
-                chunk = client.logs(ref, rank=rank, stream=stream, offset=offset)
-            except ApiError as exc:
-                if follow and exc.status == 409:  # not started yet: wait for it with -f
-                    time.sleep(poll_s)
-                    continue
-                raise
-            if chunk.data:
-                sys.stdout.write(chunk.data)
-                sys.stdout.flush()
-            advanced = chunk.next_offset > offset
-            offset = chunk.next_offset
-            if chunk.eof:
-                return
-            if not advanced:
-                if not follow:
-                    return
-                time.sleep(poll_s)
+
+def _placement(detail: JobDetail) -> None:
+    """The Placement table: each node's NODE_RANK (GROUP_RANK, SLURM_NODEID), its process
+    ranks and GPUs, and each GPU's latest utilisation and memory while the job runs."""
+    from rich.table import Table
+
+    job = detail.job
+    readings = {(g.node, g.index): g for g in detail.gpus}
+    out = console()
+    out.print("\n[bold]Placement[/bold]")
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    columns = ["NODE_RANK", "NODE", "ADDRESS", "RANKS", "GPUS"]
+    if readings:
+        columns += ["GPU-UTIL", "GPU-MEM"]
+    for column in columns:
+        table.add_column(column, no_wrap=True)
+    for node_rank, p in enumerate(job.placement):
+        row = [str(node_rank), p.node, p.address, node_ranks(job, node_rank)]
+        row.append(",".join(map(str, p.gpus)))
+        if readings:
+            seen = [readings.get((p.node, i)) for i in p.gpus]
+            row.append(",".join(_pct(g.utilization_pct if g else None) for g in seen))
+            row.append(",".join(_mib(g.memory_used_mb if g else None) for g in seen))
+        table.add_row(*row)
+    out.print(table)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def _mib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 1024:.1f}G"

@@ -11,13 +11,15 @@ from phalanx.cli.admin import admin, whoami
 from phalanx.cli.connect import select_context
 from phalanx.cli.contexts import CONTEXT_HELP, context_app
 from phalanx.cli.jobctl import hold, release, requeue, update
-from phalanx.cli.jobs import cancel, history, logs, queue, show
+from phalanx.cli.jobs import cancel, show
 from phalanx.cli.local import local_app
+from phalanx.cli.logs import logs
 from phalanx.cli.nodes import drain, nodes, resume
 from phalanx.cli.services import agent, head, up
 from phalanx.cli.submit import SubmitCommand, submit
 from phalanx.cli.tokens import token_app
 from phalanx.cli.usage import CliGroup
+from phalanx.cli.views import history, priority, queue, share
 
 app = typer.Typer(
     name="phalanx",
@@ -67,6 +69,8 @@ app.command("requeue")(requeue)
 app.command("update")(update)
 app.command("history")(history)
 app.command("logs")(logs)
+app.command("priority")(priority)
+app.command("share")(share)
 app.command("nodes")(nodes)
 app.command("drain")(drain)
 app.command("resume")(resume)

@@ -32,6 +32,8 @@ from phalanx.api.models import (
     LogChunk,
     NodeInfo,
     NodeList,
+    PriorityList,
+    ShareList,
     SubmitResponse,
     TeamInfo,
     TeamList,
@@ -405,6 +407,14 @@ class PhalanxClient:
         """A chunk of one rank's log from byte `offset` (the head proxies the agent)."""
         params = {"rank": rank, "stream": stream, "offset": offset}
         return self._call(LogChunk, "GET", f"/v1/jobs/{_ref(job_id)}/logs", params=params)
+
+    def priority(self) -> PriorityList:
+        """Queued jobs in the scheduler's order, with QOS priority, fair share and age."""
+        return self._call(PriorityList, "GET", "/v1/priority")
+
+    def shares(self) -> ShareList:
+        """Every team's quota, use and fair-share standing."""
+        return self._call(ShareList, "GET", "/v1/shares")
 
     # ------------------------------------------------------------------ nodes
     def nodes(self) -> NodeList:

@@ -451,6 +451,17 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         head.record_progress(job_id, token, body)
         return Response(status_code=204)
 
+    @app.get("/v1/priority", response_model=m.PriorityList)
+    def priority(who: User) -> m.PriorityList:
+        """Queued jobs in the order the scheduler considers them, with the numbers that
+        order them (QOS priority, the team's fair share, age): those the caller may see."""
+        return head.priorities(who)
+
+    @app.get("/v1/shares", response_model=m.ShareList)
+    def shares(who: User) -> m.ShareList:
+        """Every team's quota, GPUs in use and borrowed, decayed usage and fair share."""
+        return head.shares()
+
     # ----------------------------------------------------------------- nodes
     @app.get("/v1/nodes", response_model=m.NodeList)
     def nodes(who: User) -> m.NodeList:

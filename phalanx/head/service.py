@@ -14,13 +14,14 @@ from pydantic import ValidationError
 
 from phalanx.api import models as m
 from phalanx.core import DrainCause
-from phalanx.head import auth, jobcontrol, jobs, lifecycle, nodestates, reports, store
+from phalanx.head import auth, jobcontrol, jobs, lifecycle, nodestates, reports, store, views
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.certs import AgentSigner
 from phalanx.head.control import ControlThread, HeadError, _core_team
 from phalanx.head.mirror import Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord, NodeRecord
 from phalanx.head.scheduling import pending_reason
+from phalanx.head.telemetry import GpuSamples
 from phalanx.tls import TLSError
 
 
@@ -37,6 +38,7 @@ class Head:
         self.signer: AgentSigner | None = None
         self.agent_verify: ssl.SSLContext | bool = True
         self.now: Callable[[], float] = control.clock.time  # token expiry, node liveness
+        self.samples = GpuSamples()  # each node's latest GPU telemetry (memory only)
         control.on_commit = self._on_commit
         # What agents accept from each other when they ask one another about the head during
         # an outage (docs/fault-tolerance.md#head-outages). Each head has its own; agents
@@ -115,8 +117,10 @@ class Head:
         recs = self.control.call(fn)
         with self.control.lock:
             addresses = self.mirror.addresses()
-            infos = [r.info(addresses, pending_reason(self.mirror, r)) for r in recs]
-        return m.JobList(jobs=infos)
+            wires = [r.wire(addresses, pending_reason(self.mirror, r)) for r in recs]
+        with self.control.engine.connect() as conn:
+            views.add_run_times(conn, wires, self.now())
+        return m.JobList(jobs=[m.JobInfo.model_validate(w) for w in wires])
 
     def job_id(self, ref: str) -> int:
         """The id of the one job `ref` (`123`, `123_4`) names, live or ended (404: none)."""
@@ -132,6 +136,16 @@ class Head:
                 raise HeadError(404, f"no job {ref}")
             found = ended.id
         return found
+
+    def job_info(self, rec: JobRecord, live_reason: bool = False) -> m.JobInfo:
+        """A job's wire view with its run times over every run (views.add_run_times);
+        `live_reason`: a pending job's reason from the last cycle."""
+        with self.control.lock:
+            reason = pending_reason(self.mirror, rec) if live_reason else None
+            wire = rec.wire(self.mirror.addresses(), reason)
+        with self.control.engine.connect() as conn:
+            views.add_run_times(conn, [wire], self.now())
+        return m.JobInfo.model_validate(wire)
 
     def list_jobs(
         self,
@@ -167,7 +181,10 @@ class Head:
                 for rec in store.ended_jobs(conn, since, scope, teams, limit, array):
                     if _visible(who, rec) and _matches(rec, user, team, states):
                         out.append(rec.wire(addresses))
-        return out[:limit]
+        out = out[:limit]
+        with self.control.engine.connect() as conn:
+            views.add_run_times(conn, out, self.now())
+        return out
 
     def job_record(self, who: Principal, job_id: int) -> JobRecord:
         with self.control.lock:
@@ -197,13 +214,21 @@ class Head:
         rec = self.job_record(who, job_id)
         with self.control.engine.connect() as conn:
             events = store.job_events(conn, job_id)
+        info = self.job_info(rec, live_reason=True)
+        now = self.now()
         with self.control.lock:
-            info = rec.info(self.mirror.addresses(), pending_reason(self.mirror, rec))
             progress = [rec.progress[r] for r in sorted(rec.progress)]
+            placement = list(rec.placement) if rec.state.holds_gpus else []
+            inventory = {
+                n: list(self.mirror.nodes[n].gpus) for n, _ in placement if n in self.mirror.nodes
+            }
+        gpus = self.samples.of_job(placement, inventory, now)
         spec, hidden = rec.spec, False
         if spec.env and not who.may_see_job(rec.user, rec.team):
             spec, hidden = spec.model_copy(update={"env": {}}), True
-        return m.JobDetail(job=info, spec=spec, events=events, progress=progress, env_hidden=hidden)
+        return m.JobDetail(
+            job=info, spec=spec, events=events, progress=progress, gpus=gpus, env_hidden=hidden
+        )
 
     def check_step_token(self, job_id: int, token: str | None) -> None:
         with self.control.lock:
@@ -226,6 +251,20 @@ class Head:
     def log_source(self, rec: JobRecord, rank: int) -> NodeRecord:
         """The node that holds rank `rank`'s logs."""
         n = len(rec.placement)
+        if not n and rec.state.terminal:
+            # 404, not the 409 of a job still queued: `logs -f` waits out a 409 for the job
+            # to start, and this one never will.
+            if rec.epoch == 0:
+                raise HeadError(
+                    404,
+                    f"job {rec.id} ended ({rec.state.value}) without ever running, so it has "
+                    "no logs",
+                )
+            raise HeadError(
+                404,
+                f"job {rec.id} ended ({rec.state.value}) while queued for a restart; the head "
+                "no longer knows which nodes hold its earlier runs' logs",
+            )
         if not n:
             raise HeadError(409, f"job {rec.id} has not started, so it has no logs yet")
         if rec.spec.launcher == "batch":
@@ -255,8 +294,31 @@ class Head:
                     for name, g in rec.placement
                     if name == node.name
                 )
-                out.append(node.info(ids, used, now))
+                info = node.info(ids, used, now)
+                reading = self.samples.latest(node.name)
+                if reading is not None:
+                    info = info.model_copy(
+                        update={
+                            "gpu_telemetry": list(reading.gpus),
+                            "telemetry_age_s": max(0.0, now - reading.time),
+                        }
+                    )
+                out.append(info)
         return m.NodeList(nodes=out)
+
+    # ------------------------------------------------------------------ standing
+    def priorities(self, who: Principal) -> m.PriorityList:
+        """The queue in the scheduler's order (`phalanx priority`): the jobs `who` may see."""
+        with self.control.lock:
+            jobs = self.mirror.jobs
+            visible = None if who.admin else {i for i, r in jobs.items() if _visible(who, r)}
+            qos = {i: r.qos for i, r in jobs.items()}
+            return views.priorities(self.mirror.core, self.now(), qos, visible)
+
+    def shares(self) -> m.ShareList:
+        """Every team's quota, use and fair-share standing (`phalanx share`)."""
+        with self.control.lock:
+            return views.shares(self.mirror.core, self.now())
 
     def set_drain(self, name: str, reason: str | None) -> m.NodeInfo:
         def op(tx: Tx) -> None:
@@ -312,6 +374,7 @@ class Head:
 
         self.control.call(op)
         self.forget_principals()  # the node's old credential (or a spent join token) revoked
+        self.samples.forget(req.name)  # a new node under the name: not its GPUs' readings
         s = self.mirror.settings
         return m.RegisterResponse(
             node_token=token,
@@ -366,6 +429,7 @@ class Head:
             reports.heartbeat(self.mirror, tx, node, hb, tx.now)
 
         await self.control.run_async(op)
+        self.samples.record(hb.name, hb.gpus, self.now())
         node = self.mirror.nodes[hb.name]
         if hb.wait_s > 0 and node.version == hb.version:
             event = self._wakers.setdefault(hb.name, asyncio.Event())

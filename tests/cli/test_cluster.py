@@ -67,7 +67,8 @@ def test_submit_wait_then_show_logs_history(
     shown = invoke("show", str(job_id), env=admin_env).stdout
     assert "hello" in shown and "127.0.0.3" in shown
 
-    assert invoke("logs", str(job_id), env=admin_env).stdout == "hi from rank 0\n"
+    every = invoke("logs", str(job_id), env=admin_env).stdout
+    assert every == "[rank 0] hi from rank 0\n[rank 1] hi from rank 1\n"
     rank1 = invoke("logs", str(job_id), "--rank", "1", "-f", env=admin_env)
     assert rank1.stdout == "hi from rank 1\n"
 

@@ -74,7 +74,7 @@ CASES: dict[str, Case] = {
         queue=[_q(1, nodelist=frozenset({"n2"})), _q(2)],
         starts={2: ["n1"]},
         reservation=(1, float("inf"), ["n2"]),
-        reasons={1: (R.RESERVED, ())},
+        reasons={1: (R.RESOURCES, ())},
     ),
     "nodelist-too-small-is-infeasible": Case(
         nodes=N3,
@@ -94,12 +94,12 @@ CASES: dict[str, Case] = {
         starts={},
         reasons={1: (R.INFEASIBLE, ("unknown node(s): n9",))},
     ),
-    "nodelist-node-down-is-infeasible-until-back": Case(
+    "nodelist-node-down-waits-for-it": Case(
         nodes=N3,
         down=["n3"],
         queue=[_q(1, nodelist=frozenset({"n3"}))],
         starts={},
-        reasons={1: (R.INFEASIBLE, ("only 0 of those node(s) are up",))},
+        reasons={1: (R.NODES_UNAVAILABLE, ("only 0 of its listed node(s) (n3) up",))},
     ),
 }
 
