@@ -643,6 +643,56 @@ class Health(Lenient):
     loop_errors: Count = 0
 
 
+# ----------------------------------------------------------------------------- exec
+MAX_EXEC_ARGV_BYTES = 128 * 1024  # an exec's argv, all arguments together (UTF-8 bytes)
+MAX_EXEC_TIMEOUT_S = 3600
+DEFAULT_EXEC_TIMEOUT_S = 600
+MAX_EXEC_OUTPUT_BYTES = 16 * 1024 * 1024  # stdout + stderr an exec streams back
+
+
+def _argv_size(argv: list[str]) -> list[str]:
+    size = sum(len(a.encode()) + 1 for a in argv)
+    if size > MAX_EXEC_ARGV_BYTES:
+        raise ValueError(f"the command is {size} bytes; at most {MAX_EXEC_ARGV_BYTES} may be sent")
+    return argv
+
+
+ExecArgv = Annotated[list[Arg], Field(min_length=1, max_length=4096), AfterValidator(_argv_size)]
+
+
+class ExecRequest(Wire):
+    """`POST /v1/jobs/{id}/exec` (`phalanx exec`): run `argv` beside rank `rank`, as the
+    job's user, in its cgroup, with the rank's environment and working directory."""
+
+    argv: ExecArgv
+    rank: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    timeout_s: Annotated[int, Field(ge=1, le=MAX_EXEC_TIMEOUT_S)] = DEFAULT_EXEC_TIMEOUT_S
+
+
+class ExecLaunch(Lenient):
+    """The head asks the rank's agent to run an exec (`POST /v1/exec`, agent secret)."""
+
+    job_id: JobId
+    epoch: Count
+    rank: Count
+    argv: ExecArgv
+    timeout_s: Annotated[int, Field(ge=1, le=MAX_EXEC_TIMEOUT_S)]
+    max_output_bytes: Annotated[int, Field(ge=1, le=MAX_EXEC_OUTPUT_BYTES)] = MAX_EXEC_OUTPUT_BYTES
+
+
+class ExecFrame(Lenient):
+    """One line of an exec's answer (NDJSON, streamed agent → head → client): output as it
+    comes, a keepalive while there is none, and last the exit."""
+
+    kind: Literal["stdout", "stderr", "keepalive", "exit"]
+    data: str = ""
+    exit_code: int | None = None  # `exit`: the command's code (None: killed by `signal`)
+    signal: int | None = None
+    timed_out: bool = False  # `exit`: killed at the request's timeout_s
+    truncated: bool = False  # `exit`: killed once its output passed the limit
+    message: str | None = None  # `exit`: why it ended early, in words
+
+
 # ----------------------------------------------------------------------------- srun steps
 class StepTask(Lenient):
     task_id: Count  # SLURM_PROCID within the step

@@ -6,6 +6,7 @@ import typer
 
 from phalanx import __version__
 from phalanx.cli.admin import admin, whoami
+from phalanx.cli.attach import DashCommand, attach, exec_command
 from phalanx.cli.jobs import cancel, history, logs, queue, show
 from phalanx.cli.lazy import LazyGroup
 from phalanx.cli.nodes import drain, nodes, resume
@@ -27,6 +28,8 @@ app.command("show")(show)
 app.command("cancel")(cancel)
 app.command("history")(history)
 app.command("logs")(logs)
+app.command("exec", cls=DashCommand)(exec_command)
+app.command("attach")(attach)
 app.command("nodes")(nodes)
 app.command("drain")(drain)
 app.command("resume")(resume)
