@@ -33,6 +33,7 @@ from phalanx.head import execproxy, jobs
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
+from phalanx.head.notify import Notifier
 from phalanx.head.service import Head
 
 log = logging.getLogger("phalanx.head")
@@ -256,14 +257,24 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     (error and telemetry middleware, a body limit), which cost a submit more than its
     validation does."""
 
+    # Job notifications: queued by the control thread after each commit, posted by the
+    # notifier's own threads (head/notify.py).
+    notifier = Notifier(head.mirror.settings.notify_allow)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         head.loop = asyncio.get_running_loop()
-        async with httpx.AsyncClient(
-            timeout=10.0, headers=version.headers(), verify=head.agent_verify
-        ) as client:
-            _app.state.http = client
-            yield
+        notifier.start()
+        head.control.on_moves = notifier.collect
+        try:
+            async with httpx.AsyncClient(
+                timeout=10.0, headers=version.headers(), verify=head.agent_verify
+            ) as client:
+                _app.state.http = client
+                yield
+        finally:
+            head.control.on_moves = None
+            await asyncio.to_thread(notifier.stop)
 
     app = FastAPI(
         title="Phalanx head",
@@ -289,7 +300,13 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     @app.get("/healthz", response_model=m.Health, responses={})
     def healthz() -> m.Health:
         errors = head.control.loop_errors
-        return m.Health(status="ok", version=__version__, role=role.name, loop_errors=errors)
+        return m.Health(
+            status="ok",
+            version=__version__,
+            role=role.name,
+            loop_errors=errors,
+            notifications=notifier.counts(),
+        )
 
     @app.get("/v1/whoami", response_model=m.WhoAmI)
     def whoami(who: User) -> m.WhoAmI:

@@ -184,8 +184,10 @@ class Head:
             info = rec.info(self.mirror.addresses(), pending_reason(self.mirror, rec))
             progress = [rec.progress[r] for r in sorted(rec.progress)]
         spec, hidden = rec.spec, False
-        if spec.env and not who.may_see_job(rec.user, rec.team):
-            spec, hidden = spec.model_copy(update={"env": {}}), True
+        if (spec.env or spec.notify_url) and not who.may_see_job(rec.user, rec.team):
+            # A webhook URL is a secret as much as a variable is (chat hooks carry a key).
+            private: dict[str, Any] = {"env": {}, "notify_url": None, "notify_on": None}
+            spec, hidden = spec.model_copy(update=private), True
         return m.JobDetail(job=info, spec=spec, events=events, progress=progress, env_hidden=hidden)
 
     def check_step_token(self, job_id: int, token: str | None) -> None:

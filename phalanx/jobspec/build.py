@@ -13,6 +13,7 @@ from phalanx.jobspec import hostlist
 from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.exports import export_env
 from phalanx.jobspec.jobflags import parse_array, parse_dependency, parse_signal
+from phalanx.jobspec.notify import notify_fields
 from phalanx.jobspec.options import SubmitOptions
 from phalanx.jobspec.recovery import recovery_fields
 from phalanx.jobspec.resources import parse_count, resolve
@@ -31,7 +32,8 @@ _OPTION_OF = {
     "signal": "--signal", "max_restarts": "--max-restarts", "exclude_nodes": "-x/--exclude",
     "restart_on_failure": "--restart-on-failure", "checkpoint_dir": "--checkpoint-dir",
     "preempt_signal": "--preempt-signal", "preempt_grace_s": "--preempt-grace",
-    "hang_timeout_s": "--hang-timeout",
+    "hang_timeout_s": "--hang-timeout", "notify_url": "--notify-url / --mail-user",
+    "notify_on": "--mail-type",
 }  # fmt: skip
 
 
@@ -122,6 +124,9 @@ def assemble(
     if opts.exclude is not None:
         fields["exclude_nodes"] = hostlist.expand(opts.exclude)
     fields.update(recovery_fields(opts, fields["workdir"]))
+    notify, notify_warnings = notify_fields(opts)
+    fields.update(notify)
+    warnings.extend(notify_warnings)
     env, env_warnings = export_env(opts.export, environ)
     warnings.extend(env_warnings)
     extra = dict(extras or {})
