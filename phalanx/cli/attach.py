@@ -188,6 +188,7 @@ def _follow(client: PhalanxClient, job_id: int, rank: int, offset: int, poll_s: 
     offsets = dict.fromkeys(_STREAMS, offset)
     ended: set[Stream] = set()
     out = {"stdout": sys.stdout, "stderr": sys.stderr}
+    attached = False
     while len(ended) < len(_STREAMS):
         advanced = False
         for stream in _STREAMS:
@@ -209,5 +210,8 @@ def _follow(client: PhalanxClient, job_id: int, rank: int, offset: int, poll_s: 
             offsets[stream] = chunk.next_offset
             if chunk.eof:
                 ended.add(stream)
+        if not attached:  # both streams' positions are known: from here on, nothing is missed
+            attached = True
+            typer.echo(f"attached to job {job_id} rank {rank}; Ctrl-C detaches", err=True)
         if not advanced and len(ended) < len(_STREAMS):
             time.sleep(poll_s)
