@@ -13,7 +13,7 @@ from pathlib import Path
 from phalanx.api.models import JobSpec
 from phalanx.local import LocalCluster
 from phalanx.testing.processes import pid_alive
-from tests.cli.conftest import run_cli
+from tests.cli.conftest import invoke, run_cli
 from tests.e2e.helpers import read_log, submit, wait_for, wait_state
 from tests.head.test_notify import Receiver
 
@@ -160,3 +160,13 @@ def test_submit_posts_the_events_asked_for(
         )
     finally:
         receiver.close()
+
+
+def test_a_malformed_notify_allow_entry_stops_the_head_with_one_line(tmp_path: Path) -> None:
+    result = invoke("head", "--state-dir", str(tmp_path / "head"), "--notify-allow", "a:80")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "error: --notify-allow 'a:80': give a host name or address (hooks.example.com, "
+        "10.0.0.5, [::1]) or a URL prefix (https://hooks.example.com/phalanx)\n"
+    )
+    assert not (tmp_path / "head").exists()  # refused before anything was made

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.api.models import ExecFrame, ExecRequest
+from phalanx.api.models import ExecFrame, ExecRequest, UserCreate
 from phalanx.client.api import ApiError, PhalanxClient
 from phalanx.local import LocalCluster
 from tests.e2e.helpers import job, read_log, sh, submit, wait_for, wait_state
@@ -79,6 +79,23 @@ def test_a_node_credential_cannot_exec(
     assert refused.value.status == 403
     assert "needs a user's API token" in refused.value.detail
     assert not marker.exists()
+    alice.client.cancel(job_id)
+
+
+def test_a_team_admin_may_exec_and_the_command_still_runs_as_the_jobs_user(
+    people: dict[str, Person], cluster: LocalCluster
+) -> None:
+    alice = people["alice"]
+    job_id, _ = _running(alice)
+    with cluster.client() as admin:
+        try:
+            admin.create_user(UserCreate(name="phxtest-lead", team_admin_of=["default"]))
+        except ApiError as e:
+            assert e.status == 409, e  # made by an earlier run
+        token = admin.create_token("phxtest-lead").token
+    with cluster.client(token) as lead:
+        frames = _exec(lead, job_id, ["id", "-u"])
+    assert int(_out(frames)) == alice.uid  # alice's rights, not the lead's nor root's
     alice.client.cancel(job_id)
 
 
