@@ -23,6 +23,7 @@ from phalanx.tls import TLSError, client_context
 
 from . import cgroups, leftovers
 from .confine import JobConfiner
+from .execrun import ExecManager
 from .gpus import FakeProvider, GpuError, GpuProvider, detect
 from .guard import start_guard, stop_guard
 from .headlink import HeadLink, HeadSeen, JoinRefused
@@ -153,6 +154,7 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
     reconciler = Reconciler(
         ctx, procs, on_change=notify, on_stop_job=steps.stop_undesired, survivals=survivals
     )
+    execs = ExecManager(ctx, procs, reconciler)
     gpus = detect(
         cfg.fake_gpus,
         cfg.gpu_model,
@@ -175,6 +177,7 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
         confine = JobConfiner(confinement, gpus.device_files())
         reconciler.confine = confine
         steps.cgroup_of = confine.get
+        execs.cgroup_of = confine.get
     health = HealthMonitor(
         gpus,
         EventQueue(state_dir / EVENTS_FILE),
@@ -201,7 +204,12 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
         inject = gpus.inject if isinstance(gpus, FakeProvider) else None
         seen = HeadSeen(cfg.name)
         app = create_app(
-            secret=agent_secret, reconciler=reconciler, steps=steps, inject=inject, head_seen=seen
+            secret=agent_secret,
+            reconciler=reconciler,
+            steps=steps,
+            inject=inject,
+            head_seen=seen,
+            execs=execs,
         )
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
         if agent_tls is not None:

@@ -532,6 +532,24 @@ class Reconciler:
                 return None
             return next((a for a in self._desired.jobs if a.job_id == job_id), None)
 
+    def running_rank(
+        self, job_id: int, epoch: int, rank: int
+    ) -> tuple[Assignment, int, int | None] | str:
+        """(assignment, local rank, master port) of rank `rank` of job `job_id`, epoch
+        `epoch`, while it runs on this node (`phalanx exec` starts beside it); else why not."""
+        with self._lock:
+            launch = self._launches.get((job_id, epoch))
+            desired = self.assignment(job_id)
+            if launch is None or desired is None or desired.epoch != epoch:
+                return f"job {job_id} (epoch {epoch}) does not run on this node"
+            if rank not in launch.ranks:
+                return f"rank {rank} of job {job_id} does not run on this node"
+            state = self.procs.get(rank_key(job_id, epoch, rank))
+            if state is None or not state.running:
+                return f"rank {rank} of job {job_id} has ended"
+            port = desired.master_port or self._ports.get((job_id, epoch))
+            return desired, launch.ranks[rank], port
+
     def notices_delivered(self, job_id: int, epoch: int) -> set[int]:
         """The notice ids delivered (or skipped) for a launch this node tracks."""
         with self._lock:

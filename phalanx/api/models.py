@@ -9,7 +9,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from phalanx.api.states import JobStateCode
@@ -62,6 +70,21 @@ JobName = Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul]
 Address = Annotated[str, StringConstraints(min_length=1, max_length=255), NoNul]
 Url = Annotated[str, StringConstraints(min_length=1, max_length=512), NoNul]
 Token = Annotated[str, StringConstraints(min_length=1, max_length=256), NoNul]
+
+
+# A webhook the head POSTs a job's notifications to: http(s) only, no blanks; which hosts
+# the head may reach is its admin's allow-list (head/notify.py), checked on submit.
+def _web_url(value: str) -> str:
+    scheme, sep, rest = value.partition("://")
+    blank = any(c <= " " or c == "\x7f" for c in value)  # spaces and control characters
+    if not sep or scheme.lower() not in ("http", "https") or not rest or blank:
+        raise ValueError("must be an http:// or https:// URL, without blanks")
+    return value
+
+
+NotifyUrl = Annotated[str, StringConstraints(max_length=2048), AfterValidator(_web_url)]
+# Slurm's --mail-type events a webhook can be told of (docs/jobspec.md#notifications).
+NotifyEvent = Literal["BEGIN", "END", "FAIL", "REQUEUE"]
 Pem = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PEM), NoNul]
 # A user, team or account as the head knows it (it lands in the job's environment).
 Label = Annotated[str, StringConstraints(min_length=1, max_length=128), NoNul]
@@ -181,6 +204,36 @@ class JobSpec(Wire):
     hang_timeout_s: Annotated[int, Field(ge=0, le=7 * 86400)] | None = None  # 0: off
     begin_time: UnixTime | None = None  # `--begin`: pending (BeginTime) until then
     nodelist: list[Name] = Field(default=[], max_length=MAX_NODES)  # `-w`: only these nodes
+    # Job notifications (Slurm's --mail-user/--mail-type, as a webhook): the head POSTs a
+    # JobNotification to `notify_url` on each event of `notify_on` (None: END, which
+    # covers every end, failures included).
+    notify_url: NotifyUrl | None = None
+    notify_on: list[NotifyEvent] | None = Field(default=None, max_length=4)
+
+    @model_validator(mode="after")
+    def _notify_needs_url(self) -> JobSpec:
+        if self.notify_on is not None and self.notify_url is None:
+            raise ValueError("notify_on names events but notify_url is not set: where to post?")
+        return self
+
+
+class JobNotification(Lenient):
+    """What the head POSTs to a job's `notify_url` (JSON) on an event it asked for."""
+
+    event: NotifyEvent  # FAIL: it ended F, TO, NF or OOM; END: CD or CA
+    job_id: int
+    name: str
+    user: str
+    team: str
+    state: JobStateCode  # the state it moved to
+    exit_code: str | None  # "exit:signal" once it ended
+    reason: str | None  # why it ended or was requeued (reason code)
+    message: str  # the transition's sentence, as `phalanx show` prints it
+    epoch: int
+    restart_count: int
+    time: float  # unix seconds of the move
+    array_job_id: int | None = None
+    array_task_id: int | None = None
 
 
 class SubmitResponse(Lenient):
@@ -722,6 +775,16 @@ class ErrorBody(Lenient):
     detail: str
 
 
+class NotifyCounts(Lenient):
+    """Webhook deliveries since the head started: posted (2xx), failed (every try, or a
+    URL no longer allowed) and dropped (the queue was full)."""
+
+    sent: Count = 0
+    failed: Count = 0
+    dropped: Count = 0
+    queued: Count = 0
+
+
 class Health(Lenient):
     status: Literal["ok"]
     version: str
@@ -731,6 +794,58 @@ class Health(Lenient):
     # Unexpected exceptions the daemon's loops caught, logged and survived since it started
     # (agent: reconcile, heartbeat, health; head: the control loop).
     loop_errors: Count = 0
+    # Job notifications (head only; docs/control-plane.md#job-notifications).
+    notifications: NotifyCounts | None = None
+
+
+# ----------------------------------------------------------------------------- exec
+MAX_EXEC_ARGV_BYTES = 128 * 1024  # an exec's argv, all arguments together (UTF-8 bytes)
+MAX_EXEC_TIMEOUT_S = 3600
+DEFAULT_EXEC_TIMEOUT_S = 600
+MAX_EXEC_OUTPUT_BYTES = 16 * 1024 * 1024  # stdout + stderr an exec streams back
+
+
+def _argv_size(argv: list[str]) -> list[str]:
+    size = sum(len(a.encode()) + 1 for a in argv)
+    if size > MAX_EXEC_ARGV_BYTES:
+        raise ValueError(f"the command is {size} bytes; at most {MAX_EXEC_ARGV_BYTES} may be sent")
+    return argv
+
+
+ExecArgv = Annotated[list[Arg], Field(min_length=1, max_length=4096), AfterValidator(_argv_size)]
+
+
+class ExecRequest(Wire):
+    """`POST /v1/jobs/{id}/exec` (`phalanx exec`): run `argv` beside rank `rank`, as the
+    job's user, in its cgroup, with the rank's environment and working directory."""
+
+    argv: ExecArgv
+    rank: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    timeout_s: Annotated[int, Field(ge=1, le=MAX_EXEC_TIMEOUT_S)] = DEFAULT_EXEC_TIMEOUT_S
+
+
+class ExecLaunch(Lenient):
+    """The head asks the rank's agent to run an exec (`POST /v1/exec`, agent secret)."""
+
+    job_id: JobId
+    epoch: Count
+    rank: Count
+    argv: ExecArgv
+    timeout_s: Annotated[int, Field(ge=1, le=MAX_EXEC_TIMEOUT_S)]
+    max_output_bytes: Annotated[int, Field(ge=1, le=MAX_EXEC_OUTPUT_BYTES)] = MAX_EXEC_OUTPUT_BYTES
+
+
+class ExecFrame(Lenient):
+    """One line of an exec's answer (NDJSON, streamed agent → head → client): output as it
+    comes, a keepalive while there is none, and last the exit."""
+
+    kind: Literal["stdout", "stderr", "keepalive", "exit"]
+    data: str = ""
+    exit_code: int | None = None  # `exit`: the command's code (None: killed by `signal`)
+    signal: int | None = None
+    timed_out: bool = False  # `exit`: killed at the request's timeout_s
+    truncated: bool = False  # `exit`: killed once its output passed the limit
+    message: str | None = None  # `exit`: why it ended early, in words
 
 
 # ----------------------------------------------------------------------------- srun steps

@@ -8,6 +8,7 @@ import typer
 
 from phalanx import __version__
 from phalanx.cli.admin import admin, whoami
+from phalanx.cli.attach import DashCommand, attach, exec_command
 from phalanx.cli.connect import select_context
 from phalanx.cli.contexts import CONTEXT_HELP, context_app
 from phalanx.cli.jobctl import hold, release, requeue, update
@@ -71,6 +72,8 @@ app.command("history")(history)
 app.command("logs")(logs)
 app.command("priority")(priority)
 app.command("share")(share)
+app.command("exec", cls=DashCommand)(exec_command)
+app.command("attach")(attach)
 app.command("nodes")(nodes)
 app.command("drain")(drain)
 app.command("resume")(resume)

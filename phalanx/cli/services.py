@@ -152,6 +152,15 @@ def head(
             "this long when their peers confirm the head is out (0: fence at the lease).",
         ),
     ] = 720.0,
+    notify_allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Where job notifications (--notify-url) may be posted: a host (any http(s) "
+            "URL to it) or a URL prefix (https://hooks.example.com/phalanx); repeatable; "
+            "`none`: nowhere. Default: this machine only (127.0.0.1, localhost, [::1]).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the head: REST API, scheduler and state (blocks; Ctrl-C stops it).
 
@@ -161,6 +170,7 @@ def head(
     """
     from phalanx.cli.ttl import parse_ttl
     from phalanx.head.mirror import Settings
+    from phalanx.head.notify import DEFAULT_ALLOW, allow_entries
     from phalanx.head.server import serve
 
     if lease < 3 * heartbeat:
@@ -168,6 +178,7 @@ def head(
     try:
         api_ttl = parse_ttl("--token-ttl", token_ttl, allow_never=True)
         join_ttl = parse_ttl("--join-token-ttl", join_token_ttl, allow_never=True)
+        allow = allow_entries(notify_allow) if notify_allow else DEFAULT_ALLOW
     except ValueError as exc:
         fail(str(exc))
     settings = Settings(
@@ -183,6 +194,7 @@ def head(
         max_queued_per_user=max_queued_per_user,
         max_spec_bytes=max_spec_bytes,
         max_outage_s=max_outage,
+        notify_allow=allow,
     )
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -187,6 +187,17 @@ def submit(
             metavar="TIME",
         ),
     ] = None,
+    notify_url: Annotated[
+        str | None,
+        _opt("--notify-url", help="Webhook the head POSTs job events to (JSON; see --mail-type)."),
+    ] = None,
+    mail_type: Annotated[
+        str | None,
+        _opt("--mail-type", help="Events for --notify-url: BEGIN,END,FAIL,REQUEUE,ALL (END)."),
+    ] = None,
+    mail_user: Annotated[
+        str | None, _opt("--mail-user", help="An http(s) URL: as --notify-url (no mail is sent).")
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the parsed job spec; submit nothing.")
     ] = False,
@@ -241,6 +252,9 @@ def submit(
         preempt_signal=preempt_signal,
         preempt_grace=preempt_grace,
         hang_timeout=hang_timeout,
+        notify_url=notify_url,
+        mail_type=mail_type,
+        mail_user=mail_user,
     )
     spec = _build(spec_file, command, cli_opts)
     if dry_run:

@@ -8,7 +8,7 @@ import socket
 import ssl
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
@@ -20,6 +20,8 @@ from phalanx.api import version
 from phalanx.api.models import (
     CancelRequest,
     DrainRequest,
+    ExecFrame,
+    ExecRequest,
     FaultInjection,
     Health,
     JobDetail,
@@ -416,6 +418,43 @@ class PhalanxClient:
         """Every team's quota, use and fair-share standing."""
         return self._call(ShareList, "GET", "/v1/shares")
 
+    def exec(self, job_id: int, request: ExecRequest) -> Generator[ExecFrame, None, None]:
+        """Run a command beside a running rank (`phalanx exec`): its frames as they stream
+        in (output, keepalives; the last is `exit`). Sent once, to the head that answered
+        last (a command must not run twice). Closing the iterator early (Ctrl-C) closes the
+        stream, which kills the command. Raises ApiError when it is refused or cut off."""
+        url = f"{self.url}/v1/jobs/{job_id}/exec"
+        # The head relays a line at least every few seconds (keepalives): a minute of
+        # silence means the head or the path to it is gone.
+        timeout = httpx.Timeout(30.0, read=60.0)
+        try:
+            with self._http.stream(
+                "POST",
+                url,
+                content=request.model_dump_json(),
+                headers={"Content-Type": "application/json"},
+                timeout=timeout,
+            ) as response:
+                skew = version.mismatch(
+                    response.headers.get(version.HEADER), me="client", them=f"head at {self.url}"
+                )
+                if skew is not None:
+                    raise ApiError(response.status_code, skew)
+                if response.status_code >= 400:
+                    response.read()
+                    raise ApiError(response.status_code, _detail(response))
+                for line in response.iter_lines():
+                    if line.strip():
+                        yield _frame(line)
+        except httpx.TimeoutException:
+            raise HeadUnreachable(f"the head at {self.url} went silent during the exec") from None
+        except httpx.TransportError as exc:
+            if _untrusted(exc):
+                raise ApiError(
+                    None, f"the head at {self.url} is not trusted: {exc}{_TLS_HINT}"
+                ) from None
+            raise HeadUnreachable(f"lost the head at {self.url}: {exc}") from None
+
     # ------------------------------------------------------------------ nodes
     def nodes(self) -> NodeList:
         """Every node with its state, GPUs, heartbeat and jobs."""
@@ -511,6 +550,13 @@ class PhalanxClient:
 
 def _force(force: bool) -> dict[str, str] | None:
     return {"force": "true"} if force else None
+
+
+def _frame(line: str) -> ExecFrame:
+    try:
+        return ExecFrame.model_validate_json(line, extra="ignore")
+    except ValidationError:
+        raise ApiError(None, f"unexpected line in an exec's answer: {line[:100]!r}") from None
 
 
 def _head_urls(url: str | Sequence[str]) -> tuple[str, ...]:

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import httpx
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 from pydantic_core import to_json
@@ -29,10 +29,11 @@ from phalanx.api.asgi import (
 )
 from phalanx.api.asgi import bearer_token as _bearer_of
 from phalanx.api.asgi import json_error as _json
-from phalanx.head import admin, jobcontrol, jobs
+from phalanx.head import admin, execproxy, jobcontrol, jobs
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
+from phalanx.head.notify import Notifier
 from phalanx.head.service import Head
 
 log = logging.getLogger("phalanx.head")
@@ -266,14 +267,24 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     (error and telemetry middleware, a body limit), which cost a submit more than its
     validation does."""
 
+    # Job notifications: queued by the control thread after each commit, posted by the
+    # notifier's own threads (head/notify.py).
+    notifier = Notifier(head.mirror.settings.notify_allow)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         head.loop = asyncio.get_running_loop()
-        async with httpx.AsyncClient(
-            timeout=10.0, headers=version.headers(), verify=head.agent_verify
-        ) as client:
-            _app.state.http = client
-            yield
+        notifier.start()
+        head.control.on_moves = notifier.collect
+        try:
+            async with httpx.AsyncClient(
+                timeout=10.0, headers=version.headers(), verify=head.agent_verify
+            ) as client:
+                _app.state.http = client
+                yield
+        finally:
+            head.control.on_moves = None
+            await asyncio.to_thread(notifier.stop)
 
     app = FastAPI(
         title="Phalanx head",
@@ -299,7 +310,13 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     @app.get("/healthz", response_model=m.Health, responses={})
     def healthz() -> m.Health:
         errors = head.control.loop_errors
-        return m.Health(status="ok", version=__version__, role=role.name, loop_errors=errors)
+        return m.Health(
+            status="ok",
+            version=__version__,
+            role=role.name,
+            loop_errors=errors,
+            notifications=notifier.counts(),
+        )
 
     @app.get("/v1/whoami", response_model=m.WhoAmI)
     def whoami(who: User) -> m.WhoAmI:
@@ -443,6 +460,28 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         if r.status_code != 200:
             raise HeadError(502, f"node {node.name} answered {r.status_code}: {_agent_detail(r)}")
         return m.LogChunk.model_validate_json(r.content)
+
+    @app.post(
+        "/v1/jobs/{job_id}/exec",
+        response_class=StreamingResponse,
+        responses={
+            200: {
+                "content": {"application/x-ndjson": {}},
+                "description": "one ExecFrame per line: output as it comes, keepalives, "
+                "then the exit",
+            },
+            **NOT_FOUND,
+            **CONFLICT,
+            429: _err("the rank's node runs as many execs as it may"),
+            502: _err("the rank's node is down or unreachable"),
+        },
+    )
+    async def exec_into(
+        request: Request, job_id: JobId, body: m.ExecRequest, who: User
+    ) -> StreamingResponse:
+        """Run a command beside a running rank (`phalanx exec`): as the job's user, in its
+        cgroup, with the rank's environment; its owner, team admins and admins only."""
+        return await execproxy.open_exec(head, request.app.state.http, who, job_id, body)
 
     @app.post("/v1/jobs/{job_id}/progress", status_code=204)
     async def progress(

@@ -8,7 +8,7 @@ import re
 
 from phalanx.api.models import DependencySpec, JobSpec, SubmitResponse
 from phalanx.core import JobState
-from phalanx.head import capacity, corestate, store
+from phalanx.head import capacity, corestate, notify, store
 from phalanx.head.auth import Principal, allowed_qos
 from phalanx.head.control import HeadError
 from phalanx.head.mirror import Mirror, Tx
@@ -48,6 +48,10 @@ def submit(
         raise HeadError(422, "give exactly one of `command` and `script`")
     if spec.command is not None and not spec.command:
         raise HeadError(422, "`command` is empty")
+    if spec.notify_url is not None:
+        problem = notify.refusal(mirror.settings.notify_allow, spec.notify_url)
+        if problem is not None:
+            raise HeadError(422, problem)
     capacity.check(mirror.nodes.values(), spec)
     if spec.nodelist:
         _check_nodelist(mirror, spec)

@@ -39,6 +39,7 @@ def move(tx: Tx, rec: JobRecord, to: JobState, kind: str, message: str, now: flo
     transition = move_job(rec.id, rec.state, to, message, rec.epoch, now)
     rec.state = to
     tx.event(now, kind, message, rec.id, move=transition)
+    tx.moved_jobs[rec.id] = rec
 
 
 def start(

@@ -224,8 +224,10 @@ class Head:
             }
         gpus = self.samples.of_job(placement, inventory, now)
         spec, hidden = rec.spec, False
-        if spec.env and not who.may_see_job(rec.user, rec.team):
-            spec, hidden = spec.model_copy(update={"env": {}}), True
+        if (spec.env or spec.notify_url) and not who.may_see_job(rec.user, rec.team):
+            # A webhook URL is a secret as much as a variable is (chat hooks carry a key).
+            private: dict[str, Any] = {"env": {}, "notify_url": None, "notify_on": None}
+            spec, hidden = spec.model_copy(update=private), True
         return m.JobDetail(
             job=info, spec=spec, events=events, progress=progress, gpus=gpus, env_hidden=hidden
         )

@@ -15,6 +15,7 @@ from phalanx.jobspec.begin import parse_begin
 from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.exports import export_env
 from phalanx.jobspec.jobflags import parse_array, parse_dependency, parse_signal
+from phalanx.jobspec.notify import notify_fields
 from phalanx.jobspec.options import SubmitOptions
 from phalanx.jobspec.recovery import recovery_fields
 from phalanx.jobspec.resources import parse_count, resolve
@@ -37,6 +38,7 @@ _OPTION_OF = {
     "restart_on_failure": "--restart-on-failure", "checkpoint_dir": "--checkpoint-dir",
     "preempt_signal": "--preempt-signal", "preempt_grace_s": "--preempt-grace",
     "hang_timeout_s": "--hang-timeout", "nodelist": "-w/--nodelist", "begin_time": "--begin",
+    "notify_url": "--notify-url / --mail-user", "notify_on": "--mail-type",
 }  # fmt: skip
 
 
@@ -137,6 +139,9 @@ def assemble(
     if opts.begin is not None:
         fields["begin_time"] = parse_begin(opts.begin, time.time())
     fields.update(recovery_fields(opts, fields["workdir"]))
+    notify, notify_warnings = notify_fields(opts)
+    fields.update(notify)
+    warnings.extend(notify_warnings)
     env, env_warnings = export_env(opts.export, environ)
     warnings.extend(env_warnings)
     extra = dict(extras or {})

@@ -66,6 +66,9 @@ _SUPPORTED = [
     _value("preempt-signal", "preempt_signal"),
     _value("preempt-grace", "preempt_grace"),
     _value("hang-timeout", "hang_timeout"),
+    _value("notify-url", "notify_url"),  # Phalanx's own: --mail-* map to it (jobspec/notify.py)
+    _value("mail-type", "mail_type"),
+    _value("mail-user", "mail_user"),
 ]
 # Slurm options Phalanx does not honour: named here so that their value is skipped
 # correctly and the warning says "not supported" rather than "unknown".
@@ -76,7 +79,7 @@ _UNSUPPORTED_WITH_VALUE = {
     "cpu-freq": None, "cpus-per-gpu": None, "deadline": None, "delay-boot": None,
     "distribution": "m", "export-file": None, "extra-node-info": "B", "gid": None,
     "gpu-bind": None, "gpu-freq": None, "gres-flags": None, "hint": None, "input": "i",
-    "kill-on-invalid-dep": None, "licenses": "L", "mail-type": None, "mail-user": None,
+    "kill-on-invalid-dep": None, "licenses": "L",
     "mcs-label": None, "mem-bind": None, "mem-per-cpu": None, "mem-per-gpu": None,
     "mincpus": None, "network": None, "nodefile": "F",
     "ntasks-per-core": None, "ntasks-per-gpu": None, "ntasks-per-socket": None,

@@ -88,11 +88,13 @@ _OPTION_KEYS: dict[str, tuple[str, Callable[[str, Any], str | bool]]] = {
     "restart_on_failure": ("restart_on_failure", _flag),
     "checkpoint_dir": ("checkpoint_dir", _text), "preempt_signal": ("preempt_signal", _text),
     "preempt_grace": ("preempt_grace", _text), "hang_timeout": ("hang_timeout", _text),
+    "notify_url": ("notify_url", _text), "mail_type": ("mail_type", _text_or_list),
+    "mail_user": ("mail_user", _text),
 }  # fmt: skip
 # Keys taken in JobSpec's own wire form, checked by JobSpec itself.
 _WIRE_KEYS = {
     "mem_mb", "time_limit_s", "env", "dependencies", "dependency_any", "preemptible",
-    "preempt_grace_s", "hang_timeout_s",
+    "preempt_grace_s", "hang_timeout_s", "notify_on",
 }  # fmt: skip
 _RUN_KEYS = {"command", "script"}
 _SAME = [  # spellings of one thing: give one of each
@@ -100,6 +102,7 @@ _SAME = [  # spellings of one thing: give one of each
     {"team", "partition"}, {"gpu_model", "constraint"}, {"workdir", "chdir"},
     {"dependency", "dependencies"}, {"exclude", "exclude_nodes"},
     {"preempt_grace", "preempt_grace_s"}, {"hang_timeout", "hang_timeout_s"},
+    {"mail_type", "notify_on"},
 ]  # fmt: skip
 ALLOWED_KEYS = frozenset({*_OPTION_KEYS, *_WIRE_KEYS, *_RUN_KEYS, "array", "signal"})
 
