@@ -6,25 +6,26 @@ STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 # pip's progress, one line per package, never wrapped mid-argument when piped (pip draws
 # with Rich, which assumes 80 columns without a terminal).
-PIP    := COLUMNS=200 $(BIN)/pip --disable-pip-version-check --no-input --progress-bar off
+PIP    := COLUMNS=200 $(BIN)/pip --disable-pip-version-check --no-input
+INSTALL := $(PIP) install --progress-bar off
 
 .PHONY: venv test lint typecheck unit demo sim-demo bench clean
 
 $(VENV)/bin/python:
 	@echo "creating $(VENV) …"
 	$(PYTHON) -m venv $(VENV)
-	@$(PIP) install --quiet --upgrade pip
+	@$(INSTALL) --quiet --upgrade pip
 
 # What the demo needs: Phalanx and torch (its job trains a small GPT).
 $(DEMO_STAMP): pyproject.toml | $(VENV)/bin/python
 	@echo "installing Phalanx and torch into $(VENV) (first time: about a minute) …"
-	$(PIP) install -e '.[train]'
+	$(INSTALL) -e '.[train]'
 	touch $(DEMO_STAMP)
 
 # Everything: the demo's, plus the test and lint tools.
 $(STAMP): pyproject.toml $(DEMO_STAMP)
 	@echo "installing the test and lint tools into $(VENV) …"
-	$(PIP) install -e '.[dev,train]'
+	$(INSTALL) -e '.[dev,train]'
 	touch $(STAMP)
 
 venv: $(STAMP)
