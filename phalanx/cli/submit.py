@@ -189,14 +189,25 @@ def submit(
     ] = None,
     notify_url: Annotated[
         str | None,
-        _opt("--notify-url", help="Webhook the head POSTs job events to (JSON; see --mail-type)."),
+        _opt(
+            "--notify-url",
+            help="Webhook the head POSTs job events to (JSON; see --mail-type).",
+            metavar="URL",
+        ),
     ] = None,
     mail_type: Annotated[
         str | None,
-        _opt("--mail-type", help="Events for --notify-url: BEGIN,END,FAIL,REQUEUE,ALL (END)."),
+        _opt(
+            "--mail-type",
+            help="Events for --notify-url: BEGIN,END,FAIL,REQUEUE,ALL (END).",
+            metavar="EVENTS",
+        ),
     ] = None,
     mail_user: Annotated[
-        str | None, _opt("--mail-user", help="An http(s) URL: as --notify-url (no mail is sent).")
+        str | None,
+        _opt(
+            "--mail-user", help="An http(s) URL: as --notify-url (no mail is sent).", metavar="URL"
+        ),
     ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the parsed job spec; submit nothing.")
