@@ -30,6 +30,13 @@ JobsArg = Annotated[
 ]
 
 
+def refusal(ref: str, said: str) -> str:
+    """The one `error:` line for a job the head refused, naming the job once (the head's
+    words often name it already: "no job 9", "job 9 already ended")."""
+    named = re.search(rf"\bjob {re.escape(ref)}\b", said) is not None
+    return f"error: {'' if named else f'job {ref}: '}{said}"
+
+
 def job_refs(values: list[str]) -> list[str]:
     """Job ids as the head takes them (`123`, `123_4`), ranges of tasks expanded; exits
     with one `error:` line for anything else (never reads `29_3` as 293)."""
@@ -87,7 +94,7 @@ def _control(
             try:
                 answer = act(client, ref)
             except ApiError as exc:
-                typer.echo(f"error: job {ref}: {exc}", err=True)
+                typer.echo(refusal(ref, str(exc)), err=True)
                 failed = True
                 continue
             if json_out:

@@ -3,14 +3,13 @@ cli/views.py, cli/logs.py)."""
 
 from __future__ import annotations
 
-import re
 import shlex
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
-from phalanx.cli.jobctl import JobsArg, job_refs
+from phalanx.cli.jobctl import JobsArg, job_refs, refusal
 from phalanx.cli.jobctl import label as _label
 from phalanx.cli.output import (
     STATE_STYLE,
@@ -61,10 +60,7 @@ def cancel(
             try:
                 info = client.cancel(ref, signal=signal)
             except ApiError as exc:
-                said = str(exc)  # the head's words often name the job ("no job N") already
-                named = re.search(rf"\bjob {re.escape(str(ref))}\b", said) is not None
-                where = "" if named else f"job {ref}: "
-                typer.echo(f"error: {where}{said}", err=True)
+                typer.echo(refusal(ref, str(exc)), err=True)
                 failed.append(ref)
                 continue
             what = f"job {ref}"

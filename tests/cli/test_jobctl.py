@@ -105,7 +105,8 @@ def test_hold_release_requeue_and_update_as_a_user(
 
     [admins] = _submit(admin_env, "--begin", "now+1hour")
     others = invoke("hold", str(admins), env=bob)
-    assert others.exit_code == 2 and "HTTP 403" in others.stderr
+    assert others.exit_code == 2
+    assert others.stderr == f"error: job {admins} belongs to admin (team default)\n"
 
     [running] = _submit(bob)
     assert _wait(bob, running, {"R"}) == "R"

@@ -30,7 +30,8 @@ from tests.cli.conftest import invoke, run_cli
         ),
         (
             ("submit", "--nodez", "2", "--", "true"),
-            "error: no such option: --nodez (did you mean --nodes?) (see 'phalanx submit --help')",
+            "error: no such option: --nodez (did you mean one of --nodelist, --nodes?) "
+            "(see 'phalanx submit --help')",
         ),
         (
             ("queue", "extra"),

@@ -191,7 +191,9 @@ def test_an_array_runs_at_most_max_parallel_tasks_at_once(
 
     # Four free GPUs would run all four 1-GPU tasks at once; the array allows two.
     assert _max_overlap(infos) == 2
-    outputs = sorted(final_log(api, task) for task in answer.job_ids)
+    # The array's id names the whole array (as in Slurm): each task's log by its `ID_TASK`.
+    tasks = [f"{answer.array_job_id}_{i.array_task_id}" for i in infos]
+    outputs = sorted(final_log(api, task) for task in tasks)
     assert outputs == [f"task {i}\n" for i in range(4)]
     assert sorted(i.array_task_id for i in infos if i.array_task_id is not None) == [0, 1, 2, 3]
 

@@ -175,9 +175,9 @@ def test_unused_directives_are_named_with_their_line(line: str, warning: str) ->
 
 
 def test_unknown_option_value_is_not_read_as_an_option() -> None:
-    opts, warnings = parse_sbatch("#SBATCH --begin now -N 3\nrun\n")
+    opts, warnings = parse_sbatch("#SBATCH --reservation now -N 3\nrun\n")
     assert opts.nodes == "3"
-    assert warnings == ["line 1: --begin is not supported by Phalanx; ignored"]
+    assert warnings == ["line 1: --reservation is not supported by Phalanx; ignored"]
 
 
 def test_commented_out_directive_is_silent() -> None:

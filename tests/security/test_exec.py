@@ -25,7 +25,16 @@ def _running(person: Person) -> tuple[int, int]:
         job(person.home, sh("echo $$; exec sleep 300"), env={"DB_PASSWORD": SECRET}),
     )
     wait_state(person.client, job_id, "R")
-    text = wait_for("the rank's pid", lambda: read_log(person.client, job_id)[0].strip() or None)
+
+    def pid_printed() -> str | None:
+        try:
+            return read_log(person.client, job_id)[0].strip() or None
+        except ApiError as e:  # R, but its agent has not started the rank yet: no log
+            if e.status != 404:
+                raise
+            return None
+
+    text = wait_for("the rank's pid", pid_printed)
     return job_id, int(text.splitlines()[0])
 
 

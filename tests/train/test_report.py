@@ -53,7 +53,9 @@ def test_progress_is_printed_and_posted_to_the_head(head: FakeHead) -> None:
 def test_progress_posts_leave_no_httpx_lines_in_a_script_logging_at_info(
     head: FakeHead, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO):  # as examples/train_gpt.py's basicConfig(INFO)
+    # As examples/train_gpt.py's basicConfig(INFO); httpx's own level too, which other code
+    # in this process (the client, the CLI) may have raised to WARNING.
+    with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger="httpx"):
         reporter = Reporter(0, 0, environ=_env(head.url), printer=lambda _: None)
         reporter.report(_progress(10))
         reporter.close()
