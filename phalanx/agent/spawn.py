@@ -4,7 +4,6 @@ the shim leaves."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import socket
 import subprocess
@@ -135,25 +134,34 @@ def release(
     ctrl = pending.ctrl
     try:
         ctrl.settimeout(_REPLY_TIMEOUT_S)
-        ctrl.sendall(json.dumps(request).encode() + b"\n")
-        with ctrl.makefile("rb") as f:
-            line = f.readline(_MAX_REPLY)
-        reply = json.loads(line) if line.endswith(b"\n") else {}
-    except (OSError, ValueError) as e:  # the shim died, hung or answered garbage
-        reply = {"error": "OSError", "errno": None, "strerror": f"the job's shim failed: {e}"}
+        ctrl.sendall(shim.encode(request))
+        reply = shim.decode(lambda n: _recv_exactly(ctrl, n))
+    except (OSError, EOFError, ValueError) as e:  # the shim died, hung or answered garbage
+        reply = ("OSError", None, f"the job's shim failed: {e!r}", None)
     finally:
         ctrl.close()
-    pid = reply.get("pid") if isinstance(reply, dict) else None
-    if isinstance(pid, int) and pid > 0:
-        return pid
+    if not isinstance(reply, tuple) or not reply:
+        reply = ("OSError", None, f"the job's shim answered {reply!r}", None)
+    if reply[0] == "pid" and len(reply) == 2 and isinstance(reply[1], int) and reply[1] > 0:
+        return reply[1]
     _reap(pending.popen)
-    if isinstance(reply, dict) and reply.get("error") == "ValueError":
-        raise ValueError(str(reply.get("message")))
-    errno_ = reply.get("errno") if isinstance(reply, dict) else None
-    strerror = reply.get("strerror") if isinstance(reply, dict) else None
+    if reply[0] == "ValueError":
+        raise ValueError(str(reply[1]) if len(reply) > 1 else "invalid")
+    errno_, strerror, filename = [*reply[1:], None, None, None][:3]
     if isinstance(errno_, int):
-        raise OSError(errno_, str(strerror))  # the subclass of that errno, as Popen raises
-    raise OSError(f"the job's shim did not start it: {strerror or reply!r}")
+        raise OSError(errno_, str(strerror), filename)  # its errno's subclass, as from Popen
+    raise OSError(f"the job's shim did not start it: {strerror}")
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def _reap(popen: subprocess.Popen[bytes]) -> None:
