@@ -1,5 +1,6 @@
 """Adopting the job processes an earlier run of the agent left running (an upgrade, or a
-crash within the lease), instead of killing them (docs/fault-tolerance.md#agent-restarts).
+crash within the lease) instead of killing them (see "Agent restarts and upgrades" in
+docs/fault-tolerance.md).
 
 At each launch the agent writes, next to the process's exit status file (shim.py), a record
 of it in `<launch dir>/procs/` (a directory of the agent's, 0700, files 0600). An agent that
@@ -177,8 +178,9 @@ def previous_lease(state_dir: Path) -> float | None:
 def inherit(state_dir: Path) -> Survivors:
     """What an agent starting on `state_dir` finds of its predecessor's jobs, before it
     registers. Within the predecessor's lease, the launches it recorded stay as they are
-    for the head to decide on (`Survivors.settle`); everything else recorded is killed (as
-    all of it is past the lease: the head may already run those epochs elsewhere)."""
+    for the head's first desired state to decide on (Reconciler.apply); everything else
+    recorded is killed, and so is all of it past the lease (the head may already run those
+    epochs elsewhere)."""
     deadline = previous_lease(state_dir)
     launches = _read_records(state_dir) if deadline is not None else {}
     keep = {_job_dir(state_dir, key) for key in launches}
@@ -247,8 +249,8 @@ class Survivors:
         (job_dir / leftovers.RECORD_NAME).unlink(missing_ok=True)
         if killed:
             log.warning(
-                "job %d.%d: killed %d process group(s) an earlier agent run left: the head "
-                "no longer wants that epoch here",
+                "job %d.%d: killed %d process group(s) an earlier agent run left (not "
+                "adopted: the head no longer wants that epoch here, or the agent ended it)",
                 *key,
                 len(killed),
             )
