@@ -233,11 +233,10 @@ class Survivors:
         job_dir = _job_dir(self.state_dir, key)
         killed: set[int] = set()
         for r in records:
-            fd = _pidfd(r.pid, r.start, r.uid, r.boot)
-            if fd is not None:  # the very process recorded: its group is the job's
+            if r.start is not None and r.boot == boot_id() and _is(r.pid, r.start, r.uid):
+                # The very process recorded, alive: its group is the job's.
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(r.pid, signal.SIGKILL)
-                os.close(fd)
                 killed.add(r.pid)
         for g in leftovers.live_recorded(self.state_dir):
             if leftovers.launch_dir(self.state_dir, g) == job_dir:
@@ -307,11 +306,21 @@ def take_over(procs: ProcessManager, key: Hashable, r: ProcRecord, state_dir: Pa
     owner = (r.job_id, r.epoch)
     job_dir = _job_dir(state_dir, owner)
     status = status_path(job_dir, r.name)
-    job_fd = _pidfd(r.pid, r.start, r.uid, r.boot)
-    shim_fd = None
-    if r.shim_pid is not None:
-        shim_fd = _pidfd(r.shim_pid, r.shim_start, os.geteuid(), r.boot)
+    try:
+        job_fd = _pidfd(r.pid, r.start, r.uid, r.boot)
+        shim_fd = None
+        if r.shim_pid is not None:
+            shim_fd = _pidfd(r.shim_pid, r.shim_start, os.geteuid(), r.boot)
+    except _Unwatchable:  # no pidfds (Linux < 5.3): it cannot be watched, so it must go
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(r.pid, signal.SIGKILL)
+        job_fd = shim_fd = None
     if job_fd is None and shim_fd is None and spawn.read_status(status) is None:
+        # Lost. What is left of its group (children of a leader killed with its shim) must
+        # not outlive the report: the head may run the job elsewhere now.
+        if leftovers.group_of_job(r.pid, r.job_id, r.epoch):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(r.pid, signal.SIGKILL)
         if r.kind == "rank":
             out, err = logfiles.rank_paths(state_dir, r.job_id, r.epoch, r.rank)
         else:
@@ -361,15 +370,22 @@ def _wait_readable(fd: int, timeout_s: float | None) -> None:
 
 
 # ----------------------------------------------------------------------------- helpers
+class _Unwatchable(Exception):
+    """The process is the one recorded, but this kernel gives no pidfd to watch it."""
+
+
 def _pidfd(pid: int, start: int | None, uid: int, boot: str) -> int | None:
     """A pidfd of the process recorded as (boot, pid, start time), running as `uid`; None
-    when it is gone (or the pid now names another process, or another user's)."""
+    when it is gone (or the pid now names another process, or another user's). Raises
+    _Unwatchable when it is there but the kernel has no pidfd_open."""
     if start is None or boot != boot_id() or not _is(pid, start, uid):
         return None
     try:
         fd = os.pidfd_open(pid)
-    except OSError:
+    except ProcessLookupError:
         return None
+    except OSError as e:
+        raise _Unwatchable from e
     if not _is(pid, start, uid):  # reused between the check and the open
         os.close(fd)
         return None
