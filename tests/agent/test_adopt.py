@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from phalanx.agent import adopt, leftovers
-from phalanx.agent.guard import LEASE_NAME
+from phalanx.agent.guard import LEASE_NAME, read_lease
 from phalanx.api.models import Assignment, Notice, ProcessStatus
 from phalanx.testing.processes import pid_alive
 
@@ -260,6 +260,48 @@ def test_the_jobs_are_fenced_when_the_new_agent_cannot_reach_the_head_within_the
             second.stop()
         first.stop()
         head.close()
+
+
+def test_a_new_agent_frozen_before_the_head_answers_is_fenced_by_its_own_guard(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    a = job(tmp_path, waiting(tmp_path))
+    head = FakeHead(desired(a, lease_s=6.0, heartbeat_s=0.2))
+    first = agent(head, tmp_path)
+    second: AgentProcess | None = None
+    try:
+        pid = wait_for("the rank to run", lambda: running(head)).pid
+        assert pid is not None
+        pids.append(pid)
+        [old_guard] = wait_for("the first guard", lambda: guards(tmp_path / "agent"))
+        first.leave()
+        head.hang()
+        second = agent(head, tmp_path)
+        state = tmp_path / "agent"
+        # The new agent took the lease over (its pid, the old deadline) and the old guard
+        # left; then the new agent freezes before the head ever answers it.
+        wait_for("the handover", lambda: lease_pid(state) == second.proc.pid)
+        wait_for("the old guard to exit", lambda: not pid_alive(old_guard))
+        os.kill(second.proc.pid, signal.SIGSTOP)
+        try:
+            assert pid_alive(pid)
+            wait_for("the new guard to fence the rank", lambda: not pid_alive(pid), timeout=15.0)
+        finally:
+            os.kill(second.proc.pid, signal.SIGCONT)
+        head.answer()
+        lost = wait_for("the rank reported lost", lambda: [p for p in ranks(head) if p.lost])[0]
+        assert (lost.epoch, lost.running, lost.signal) == (1, False, 9)
+    finally:
+        head.answer()
+        if second is not None:
+            second.stop()
+        first.stop()
+        head.close()
+
+
+def lease_pid(state_dir: Path) -> int | None:
+    lease = read_lease(state_dir / LEASE_NAME)
+    return lease[0] if lease is not None else None
 
 
 def test_sigterm_still_stops_the_jobs_and_a_new_agent_reports_them_lost(
