@@ -247,8 +247,11 @@ class LocalCluster:
         self._url = self._wait_listening(self._head, start_offset, deadline)
         self._wait_healthy(deadline)
 
-    def _agent_proc(self, address: str, head_url: str | None = None) -> _Proc:
-        argv = [*self._phalanx(), "agent", "--head", head_url or self.url, "--address", address]
+    def _agent_proc(
+        self, address: str, head_url: str | None = None, argv_prefix: list[str] | None = None
+    ) -> _Proc:
+        phalanx = argv_prefix if argv_prefix is not None else self._phalanx()
+        argv = [*phalanx, "agent", "--head", head_url or self.url, "--address", address]
         argv += ["--name", address, "--port", "0"]
         argv += ["--fake-gpus", str(self.gpus_per_node), "--gpu-model", self.gpu_model]
         argv += ["--state-dir", str(self.state_dir / f"agent-{address}"), *self.agent_args]
@@ -367,6 +370,37 @@ class LocalCluster:
                 self._reported.add(pid)
                 out.append({**row, "tail": _tail(Path(str(row["log"])), 5)})
         return out
+
+    def upgrade_agent(self, address: str, argv_prefix: list[str] | None = None) -> None:
+        """Restart the agent of `address` as an operator upgrading it would: SIGUSR2 (it
+        exits and leaves its jobs running), then start it again on the same state dir and
+        address, with `argv_prefix` in place of the `phalanx` command when given (another
+        release: `phalanx.testing.newer_agent.argv_prefix("1.99")`). The new agent adopts
+        the jobs (docs/fault-tolerance.md#agent-restarts-and-upgrades). Returns once the
+        node heartbeats again; raises ClusterError if the old agent does not exit or the
+        new one does not come back within `start_timeout_s`."""
+        index = self.addresses.index(address)
+        old = self._agent(address)
+        os.kill(old.popen.pid, signal.SIGUSR2)  # the agent only: never its process group
+        try:
+            old.popen.wait(timeout=self.start_timeout_s)
+        except subprocess.TimeoutExpired:
+            raise ClusterError(old.failure("the agent did not exit on SIGUSR2")) from None
+        old.close_log()
+        started = time.time()
+        self._agents[index] = self._agent_proc(address, argv_prefix=argv_prefix)
+        deadline = time.monotonic() + self.start_timeout_s
+        with self.client() as client:
+            while True:
+                with contextlib.suppress(ApiError):
+                    node = next(n for n in client.nodes().nodes if n.name == address)
+                    if node.state != "down" and (node.last_heartbeat or 0.0) > started:
+                        return
+                self._check_alive("an agent stopped while restarting")
+                if time.monotonic() > deadline:
+                    late = self._agents[index].failure("it did not heartbeat again")
+                    raise ClusterError(f"node {address} not back after an upgrade: {late}")
+                time.sleep(0.1)
 
     def _agent(self, address: str) -> _Proc:
         if address not in self.addresses or len(self._agents) != len(self.addresses):
@@ -505,7 +539,8 @@ def _head_refusal(head: _Proc, offset: int) -> str | None:
 
 def _job_pids(node: str, head_url: str) -> list[int]:
     """Processes started by the agent of `node` for the head at `head_url` (from their
-    environment: other clusters on this machine reuse the same node names)."""
+    environment: other clusters on this machine reuse the same node names), and the shims
+    they run under (their parents, with the agent's environment, not the job's)."""
     want = (f"SLURMD_NODENAME={node}".encode(), f"PHALANX_HEAD={head_url}".encode())
     pids = []
     for entry in os.listdir("/proc"):
@@ -518,4 +553,20 @@ def _job_pids(node: str, head_url: str) -> list[int]:
             continue
         if all(w in env for w in want):
             pids.append(int(entry))
-    return pids
+    return pids + [p for p in {_parent(pid) for pid in pids} if p is not None and _is_shim(p)]
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2 :].split()[1])
+
+
+def _is_shim(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(a.endswith(b"phalanx/agent/shim.py") for a in argv)

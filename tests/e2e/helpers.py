@@ -117,7 +117,7 @@ def wait_reason(client: PhalanxClient, job_id: int, reason: str, timeout: float 
 
 
 def read_log(
-    client: PhalanxClient, job_id: int, rank: int = 0, stream: Stream = "stdout"
+    client: PhalanxClient, job_id: int | str, rank: int = 0, stream: Stream = "stdout"
 ) -> tuple[str, bool]:
     """Everything in one rank's log so far, through the head, and whether it is complete."""
     data, offset = [], 0
@@ -129,7 +129,9 @@ def read_log(
         offset = chunk.next_offset
 
 
-def final_log(client: PhalanxClient, job_id: int, rank: int = 0, stream: Stream = "stdout") -> str:
+def final_log(
+    client: PhalanxClient, job_id: int | str, rank: int = 0, stream: Stream = "stdout"
+) -> str:
     """A rank's whole log once the agent reports it complete (the rank has ended)."""
 
     def probe() -> str | None:
