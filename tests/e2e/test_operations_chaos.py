@@ -32,12 +32,12 @@ RUN = OPERATIONS if UPGRADE_READY else tuple(o for o in OPERATIONS if o != "agen
 
 
 def test_routine_operations_kill_no_job(postgres: PostgresServer, tmp_path: Path) -> None:
-    # A 10 s outage is 3⅓ × (lease 2 s + margin 1 s): only riding it out on the peers keeps
-    # the jobs. ~15 s to start, 8 s of jobs alone, then per operation the outage (or the
-    # agent restart) and 6 s of quiet to catch a late requeue: about 2 minutes in all.
+    # A 16 s outage is 3.2 × (lease 4 s + margin 1 s): only riding it out on the peers
+    # keeps the jobs. ~15 s to start, 8 s of jobs alone, then per operation the outage (or
+    # the agent restart) and 7 s of quiet to catch a late requeue: 2–3 minutes in all.
     config = OperationsConfig(
         operations=RUN,
-        outage_s=10.0,
+        outage_s=16.0,
         baseline_s=8.0,
         db_url=postgres.new_database("operations"),
     )
@@ -75,7 +75,7 @@ def test_an_operations_config_that_cannot_work_is_refused_before_anything_starts
     one = ("head_restart",)
     for bad, words in [
         (OperationsConfig(operations=("reboot",)), "unknown"),
-        (OperationsConfig(one, outage_s=9.0), "outage_s"),  # not past 3 × (lease + margin)
+        (OperationsConfig(one, outage_s=15.0), "outage_s"),  # not past 3 × (lease + margin)
         (OperationsConfig(one, nodes=2), "at least 3"),
         (OperationsConfig(one, long_jobs=4), "long_jobs"),  # 3 + 3 of 6 GPUs: none left
     ]:
