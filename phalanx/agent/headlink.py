@@ -264,6 +264,11 @@ class HeadLink:
             await asyncio.to_thread(self.reconciler.apply, desired, self._refused)
         self.changed.clear()
         wait_s = min(self.heartbeat_s, _MAX_WAIT_S)
+        if self._deadline() - time.monotonic() < wait_s + max(0.25, wait_s / 2):
+            # The lease would run out before a long poll is answered (the first request
+            # to a head back from an outage, sent close to the deadline): only the answer
+            # renews the lease, so ask for it at once.
+            wait_s = 0.0
         health = self.health.snapshot() if self.health is not None else NodeHealth()
         telemetry = await asyncio.to_thread(self.gpus.telemetry)
         try:
@@ -473,7 +478,13 @@ class HeadLink:
         cap = self._last_ok + min(self.max_outage_s, self.head_max_outage_s)
         if fresh:
             name, after = fresh[0]
-            why = f"peer {name} heard from the head {after:.1f}s after this node last did"
+            why = f"peer {name} heard from the head {after:.1f}s after this node last did "
+            why += "(trying the head again now)"
+            # The head answers others: it may just be back (a restart, a standby taking
+            # over) while this node still waits on a request to a dead head, or to retry.
+            # Try it at once, to be heard before the deadline; the first agents back must
+            # not make the others fence for nothing. Unheard by then, this node fences.
+            self.changed.set()
         elif answered < ride_quorum(len(peers)):
             why = f"only {answered} of {len(peers)} peer(s) answered"
         else:
