@@ -17,7 +17,6 @@ from phalanx.api.models import ExecFrame, ExecLaunch
 
 from . import leftovers, logfiles
 from .cgroups import JobCgroup
-from .env import job_env
 from .identity import Refused
 from .processes import ProcessManager, ProcState
 from .reconcile import LaunchContext, Reconciler, run_as
@@ -126,17 +125,7 @@ class ExecManager:
             )
             self._active[exec_id] = run
         job_dir = self.ctx.job_dir(a.job_id, a.epoch)
-        env = job_env(
-            a,
-            base={**self.ctx.base_env, **user.env()},
-            local_rank=local_rank,
-            master_port=port,
-            head_url=self.ctx.head_url,
-            bin_dir=self.ctx.bin_dir,
-            job_dir=job_dir,
-            secrets=self.ctx.secrets,
-            head_ca_pem=self.ctx.head_ca_pem,
-        )
+        env = self.ctx.rank_env(a, user, local_rank, port)
         try:
             state = self.procs.start(
                 run.key,

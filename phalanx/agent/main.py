@@ -37,6 +37,7 @@ from .steps import StepManager
 from .survive import Survivals
 from .tlsserve import AgentTLS
 
+SHUTDOWN_GRACE_S = 1  # seconds (uvicorn takes whole ones)
 log = logging.getLogger(__name__)
 NODE_CREDENTIAL_FILE = "node.token"  # the node credential, kept across restarts (0600)
 LOCK_FILE = "agent.lock"  # in the state dir: one agent per state dir
@@ -244,7 +245,16 @@ async def _run(
             head_seen=seen,
             execs=execs,
         )
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        # A request still open when the agent stops (a peer's, a log read, an exec) gets
+        # SHUTDOWN_GRACE_S to finish: an agent leaving for an upgrade must be gone well
+        # within the lease, or its jobs are fenced before the next agent adopts them.
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        )
         if agent_tls is not None:
             config.load()
             config.ssl = agent_tls.context  # its certificate arrives with registration

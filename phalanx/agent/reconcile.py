@@ -75,6 +75,24 @@ class LaunchContext:
         marker, process groups and notices (the agent's, unreadable to the job)."""
         return self.state_dir / "jobs" / str(job_id) / f"e{epoch}"
 
+    def rank_env(
+        self, a: Assignment, user: RunAs, local_rank: int, master_port: int | None
+    ) -> dict[str, str]:
+        """The environment of a process of `a` on this node as its rank `local_rank` sees
+        it (a rank, or a command `phalanx exec` runs beside one): env.job_env with this
+        node's facts."""
+        return job_env(
+            a,
+            base={**self.base_env, **user.env()},
+            local_rank=local_rank,
+            master_port=master_port,
+            head_url=self.head_url,
+            bin_dir=self.bin_dir,
+            job_dir=self.job_dir(a.job_id, a.epoch),
+            secrets=self.secrets,
+            head_ca_pem=self.head_ca_pem,
+        )
+
     def open_job_dir(self, job_id: int, epoch: int) -> Path:
         """The job dir, created so the job's user can pass through to its own files in it
         (mode 0711 from the state dir down: nothing in it can be listed)."""
@@ -397,17 +415,7 @@ class Reconciler:
         out, err = self._log_paths(a, rank, user)
         if not user.switches:
             _link_default_paths(self.ctx.state_dir, a, rank, out, err)
-        env = job_env(
-            a,
-            base={**self.ctx.base_env, **user.env()},
-            local_rank=local,
-            master_port=port,
-            head_url=self.ctx.head_url,
-            bin_dir=self.ctx.bin_dir,
-            job_dir=job_dir,
-            secrets=self.ctx.secrets,
-            head_ca_pem=self.ctx.head_ca_pem,
-        )
+        env = self.ctx.rank_env(a, user, local, port)
         state = self.procs.start(
             rank_key(a.job_id, a.epoch, rank),
             argv,

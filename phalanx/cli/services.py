@@ -485,6 +485,7 @@ def up(
         return
     supervisor = Supervisor(cluster, _say)
     try:
+        supervisor.publish()  # `phalanx local …` works as soon as the banner says it is up
         ca = str(cluster.ca_file) if cluster.ca_file else None
         config = save_context(context, cluster.url, cluster.admin_token, ca=ca)
         typer.echo(

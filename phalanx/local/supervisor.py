@@ -49,7 +49,7 @@ class Supervisor:
                 self._agent_died(row)
         for request in control.pending(self.cluster.state_dir):
             self._handle(request)
-        self._publish()
+        self.publish()
 
     def stop(self) -> None:
         control.clear_status(self.cluster.state_dir)
@@ -132,7 +132,7 @@ class Supervisor:
         log = Path(self.cluster.log_dir) / f"agent-{address}.log"
         return f"agent pid {self._pid('agent', address)}, log {log}"
 
-    def _publish(self) -> None:
+    def publish(self) -> None:
         """Rewrite up.json when a process changed (what `phalanx local ps` reads)."""
         table = self.cluster.process_table()
         if table == self._status:
