@@ -3,13 +3,29 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+# pip's progress, one line per package, never wrapped mid-argument when piped (pip draws
+# with Rich, which assumes 80 columns without a terminal).
+PIP    := COLUMNS=200 $(BIN)/pip --disable-pip-version-check --no-input
+INSTALL := $(PIP) install --progress-bar off
 
 .PHONY: venv test lint typecheck unit demo sim-demo bench clean
 
-$(STAMP): pyproject.toml
-	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev,train]'
+$(VENV)/bin/python:
+	@echo "creating $(VENV) …"
+	$(PYTHON) -m venv $(VENV)
+	@$(INSTALL) --quiet --upgrade pip
+
+# What the demo needs: Phalanx and torch (its job trains a small GPT).
+$(DEMO_STAMP): pyproject.toml | $(VENV)/bin/python
+	@echo "installing Phalanx and torch into $(VENV) (first time: about a minute) …"
+	$(INSTALL) -e '.[train]'
+	touch $(DEMO_STAMP)
+
+# Everything: the demo's, plus the test and lint tools.
+$(STAMP): pyproject.toml $(DEMO_STAMP)
+	@echo "installing the test and lint tools into $(VENV) …"
+	$(INSTALL) -e '.[dev,train]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -27,10 +43,10 @@ unit: $(STAMP)
 
 test: lint typecheck unit
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(BIN)/python -m phalanx.local.demo
 
-sim-demo: $(STAMP)
+sim-demo: $(DEMO_STAMP)
 	$(BIN)/python -m phalanx.sim.demo
 
 bench: $(STAMP)

@@ -2,4 +2,4 @@
 
 from phalanx.cli.main import app
 
-app()
+app(prog_name="phalanx")  # not "python -m phalanx": messages name the command users type

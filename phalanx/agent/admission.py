@@ -1,8 +1,11 @@
-"""What the agent refuses to launch: invalid assignments, unusable output paths (LaunchFailed)."""
+"""What the agent refuses to launch (LaunchFailed): invalid assignments, unusable output paths,
+a working directory that is not there."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,3 +103,26 @@ def output_problem(flag: str, pattern: str, path: Path) -> str | None:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         return f"{LAUNCH_FAILED}{where}: cannot write {path}: {why}"
     return None
+
+
+def workdir_usable(workdir: str) -> bool:
+    """Whether the agent's own user (the job's, when the agent does not switch users) can
+    start a process in `workdir`."""
+    return os.path.isdir(workdir) and os.access(workdir, os.X_OK)
+
+
+def workdir_problem(workdir: str, user: str | None = None) -> str:
+    """Why the job cannot start in `workdir` ("LaunchFailed: …"), once the job's user
+    could not enter it. The directory is never created: a typo in `-D` would run the job
+    in a new empty directory (Slurm fails such a job too). The wording comes from what the
+    agent itself sees; whether the job fails is the user's view (reconcile)."""
+    try:
+        mode = os.stat(workdir).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return f"{LAUNCH_FAILED}working directory {workdir} does not exist on this node"
+    except OSError as e:  # e.g. a root-squashed NFS mount the agent itself cannot read
+        return f"{LAUNCH_FAILED}working directory {workdir} cannot be reached: {e.strerror or e}"
+    if not stat.S_ISDIR(mode):
+        return f"{LAUNCH_FAILED}working directory {workdir} is not a directory"
+    who = f"user {user}" if user else "the job's user"
+    return f"{LAUNCH_FAILED}working directory {workdir}: {who} may not enter it"

@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +92,14 @@ class JobCgroup:
     def pids(self) -> set[int]:
         """Every process in the cgroup now (never the agent itself)."""
         return members(self.dirs)
+
+    def cpus(self) -> tuple[int, ...]:
+        """The CPUs its processes may run on (its cpuset); () when unreadable."""
+        d = self._dir("cpuset")
+        with contextlib.suppress(OSError, ValueError):
+            if d is not None:
+                return _parse_cpus((d / "cpuset.cpus").read_text())
+        return ()
 
     def oom_killed(self) -> bool:
         """Whether the kernel's OOM killer killed a process of this job for its limit."""
@@ -181,6 +189,12 @@ class Confinement:
                 note = f"only {len(free)} of its {wanted} CPUs are free: shares the others"
             self._cpus_used[key] = chosen
             return chosen, note
+
+    def reserve_cpus(self, key: str, cpus: tuple[int, ...]) -> None:
+        """Count `cpus` as taken by `key` (an adopted job's cgroup has them already)."""
+        if cpus:
+            with self._lock:
+                self._cpus_used[key] = cpus
 
     def release_cpus(self, key: str) -> None:
         with self._lock:
@@ -290,11 +304,9 @@ def recorded(state_dir: Path) -> list[tuple[Path, list[Path]]]:
     """(launch dir, cgroup directories that still exist) of every recorded job cgroup."""
     out = []
     for path in sorted((state_dir / "jobs").glob(f"*/e*/{RECORD_NAME}")):
-        with contextlib.suppress(OSError):
-            dirs = [Path(line) for line in path.read_text().splitlines() if _is_cgroup(line)]
-            dirs = [d for d in dirs if d.is_dir()]
-            if dirs:
-                out.append((path.parent, dirs))
+        dirs = recorded_in(path.parent)
+        if dirs:
+            out.append((path.parent, dirs))
     return out
 
 
@@ -305,13 +317,24 @@ def _is_cgroup(line: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- killing
-def kill_leftovers(state_dir: Path, *, remove: bool, prune: bool = False) -> int:
+def kill_leftovers(
+    state_dir: Path,
+    *,
+    remove: bool,
+    prune: bool = False,
+    keep: Collection[Path] = (),
+    only: Collection[Path] | None = None,
+) -> int:
     """SIGKILL everything in the job cgroups recorded under `state_dir` (an agent that was
     killed left them). With `remove` (the agent starting again, or the guard of a dead
     agent) the cgroups are deleted and forgotten too, and with `prune` their parents once
-    empty (no agent uses them any more). Returns how many had processes."""
+    empty (no agent uses them any more). The cgroups of the launch dirs in `keep` are
+    spared (jobs a restarted agent may adopt); with `only`, just those launch dirs' are
+    killed. Returns how many had processes."""
     killed = 0
     for job_dir, dirs in recorded(state_dir):
+        if job_dir in keep or (only is not None and job_dir not in only):
+            continue
         if members(dirs):
             killed += 1
             kill_all(dirs)
@@ -328,6 +351,14 @@ def kill_leftovers(state_dir: Path, *, remove: bool, prune: bool = False) -> int
                 if remove_dirs(node_dirs, quiet=True):
                     remove_dirs([d.parent for d in node_dirs], quiet=True)
     return killed
+
+
+def recorded_in(job_dir: Path) -> list[Path]:
+    """The directories of the job cgroup recorded in one launch dir that still exist."""
+    with contextlib.suppress(OSError):
+        lines = (job_dir / RECORD_NAME).read_text().splitlines()
+        return [d for d in (Path(line) for line in lines if _is_cgroup(line)) if d.is_dir()]
+    return []
 
 
 def members(dirs: Sequence[Path]) -> set[int]:

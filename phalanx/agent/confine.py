@@ -62,6 +62,27 @@ class JobConfiner:
         log.info("job %d.%d: cgroup %s (%s)", a.job_id, a.epoch, name, _describe(limits))
         return cg
 
+    def adopt(self, a: Assignment, job_dir: Path) -> JobCgroup | None:
+        """Take over the cgroup an earlier run of the agent made for job epoch `a` (an
+        adopted launch): torn down, OOM-checked and given to srun steps as if made here,
+        its CPUs counted as taken. None when there is none (or not under this node's
+        parent cgroup, e.g. --cgroup-parent changed: it is then left alone)."""
+        c = self.confinement
+        name = f"job-{a.job_id}-{a.epoch}"
+        dirs = cgroups.recorded_in(job_dir)
+        if not c.enabled or sorted(dirs) != sorted(d / name for d in c.node_dirs):
+            if dirs:
+                log.warning(
+                    "job %d.%d: cgroup %s is not this agent's; left alone", *_key(a), dirs[0]
+                )
+            return None
+        cg = JobCgroup(dirs, c.version)
+        if a.cpus_per_task is not None:
+            c.reserve_cpus(name, cg.cpus())
+        with self._lock:
+            self._cgroups[(a.job_id, a.epoch)] = (cg, job_dir)
+        return cg
+
     def _deny(self, given: list[int]) -> tuple[tuple[int, int], ...]:
         """(major, minor) of every GPU device file of this node not given to the job."""
         out = []
@@ -132,6 +153,10 @@ class JobConfiner:
         for job_id, epoch in keys:
             self.teardown(job_id, epoch)
         self.confinement.close()
+
+
+def _key(a: Assignment) -> JobKey:
+    return a.job_id, a.epoch
 
 
 def _describe(limits: Limits) -> str:

@@ -53,7 +53,8 @@ def stop_guard(guard: subprocess.Popen[bytes]) -> None:
         guard.wait()
 
 
-def _lease(path: Path) -> tuple[int, float] | None:
+def read_lease(path: Path) -> tuple[int, float] | None:
+    """(agent pid, deadline) of a lease file; None when there is none (or it is torn)."""
     try:
         pid, deadline = path.read_text().split()
         return int(pid), float(deadline)
@@ -74,7 +75,7 @@ def watch(state_dir: Path, agent_pid: int, agent_start: int) -> None:
     next_pass, interval = 0.0, 1.0
     while True:
         agent_alive = leftovers.start_time(agent_pid) == agent_start
-        lease = _lease(path)
+        lease = read_lease(path)
         if lease is None or lease[0] != agent_pid:
             if not agent_alive:
                 return  # never renewed, or a new agent owns the state dir
@@ -95,13 +96,13 @@ def watch(state_dir: Path, agent_pid: int, agent_start: int) -> None:
 
 
 def _fence(state_dir: Path, path: Path, agent_pid: int) -> int:
-    lease = _lease(path)
+    lease = read_lease(path)
     if lease is None or lease[0] != agent_pid or time.monotonic() <= lease[1]:
         return 0
     # Job cgroups first: they hold every process of a job, escaped process groups too.
     killed = cgroups.kill_leftovers(state_dir, remove=False)
     for group in leftovers.live_recorded(state_dir):
-        lease = _lease(path)  # the agent may have renewed it meanwhile: then stop at once
+        lease = read_lease(path)  # the agent may have renewed it meanwhile: then stop at once
         if lease is None or lease[0] != agent_pid or time.monotonic() <= lease[1]:
             break
         leftovers.kill(group)

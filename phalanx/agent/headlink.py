@@ -97,6 +97,7 @@ class HeadLink:
         credential_file: Path | None = None,
         seen: HeadSeen | None = None,
         max_outage_s: float = 720.0,
+        lease_until: float | None = None,
     ) -> None:
         # `head_url` may list several heads (a leader and its standbys), comma-separated:
         # the agent talks to one and moves to the next when it cannot be reached or is a
@@ -129,6 +130,10 @@ class HeadLink:
         self.version = 0
         self._reachable = True
         self._last_ok = time.monotonic()  # when the last answered request was SENT
+        if lease_until is not None:
+            # The previous run of this agent left jobs for this one to adopt: they run on
+            # the lease the head gave it, not a fresh one (adopt.py).
+            self._last_ok = lease_until - self.lease_s
         self._lease_lost = False
         self._backoff = _BACKOFF_MIN_S
         # For the lease guard, which fences should this process be frozen or killed.
@@ -171,6 +176,35 @@ class HeadLink:
             with contextlib.suppress(asyncio.CancelledError):
                 await lease
             await self._peer_client.aclose()
+
+    async def last_beat(self) -> None:
+        """Exiting for an upgrade, jobs left running: one last heartbeat (no long poll),
+        so the head has this node's latest process statuses and the agent that adopts the
+        jobs gets a whole lease to register in. Best effort; its answer is not applied."""
+        if self.node_token is None or self._lease_lost:
+            return
+        beat = Heartbeat(
+            name=self.request.name,
+            version=self.version,
+            wait_s=0.0,
+            processes=self.reconciler.process_statuses(),
+            master_ports=self.reconciler.master_ports(),
+            # Health as before (an empty one would read as passing checks: undrain).
+            health=self.health.snapshot() if self.health is not None else NodeHealth(),
+        )
+        sent = time.monotonic()
+        try:
+            async with httpx.AsyncClient(timeout=httpx.Timeout(2.0), verify=self.verify) as c:
+                r = await c.post(
+                    f"{self.head_url}/v1/agent/heartbeat",
+                    content=beat.model_dump_json(),
+                    headers=_headers(self.node_token),
+                )
+        except httpx.HTTPError:
+            return
+        if r.status_code == 200 and _skew(r, self.head_url) is None:
+            self._last_ok = max(self._last_ok, sent)
+            self._lease_file.renew(self._deadline())
 
     async def _register(self, client: httpx.AsyncClient) -> None:
         sent = time.monotonic()
@@ -230,6 +264,11 @@ class HeadLink:
             await asyncio.to_thread(self.reconciler.apply, desired, self._refused)
         self.changed.clear()
         wait_s = min(self.heartbeat_s, _MAX_WAIT_S)
+        if self._deadline() - time.monotonic() < wait_s + max(0.25, wait_s / 2):
+            # The lease would run out before a long poll is answered (the first request
+            # to a head back from an outage, sent close to the deadline): only the answer
+            # renews the lease, so ask for it at once.
+            wait_s = 0.0
         health = self.health.snapshot() if self.health is not None else NodeHealth()
         telemetry = await asyncio.to_thread(self.gpus.telemetry)
         try:
@@ -439,7 +478,13 @@ class HeadLink:
         cap = self._last_ok + min(self.max_outage_s, self.head_max_outage_s)
         if fresh:
             name, after = fresh[0]
-            why = f"peer {name} heard from the head {after:.1f}s after this node last did"
+            why = f"peer {name} heard from the head {after:.1f}s after this node last did "
+            why += "(trying the head again now)"
+            # The head answers others: it may just be back (a restart, a standby taking
+            # over) while this node still waits on a request to a dead head, or to retry.
+            # Try it at once, to be heard before the deadline; the first agents back must
+            # not make the others fence for nothing. Unheard by then, this node fences.
+            self.changed.set()
         elif answered < ride_quorum(len(peers)):
             why = f"only {answered} of {len(peers)} peer(s) answered"
         else:

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,20 +82,28 @@ def live_recorded(state_dir: Path) -> list[Group]:
     return list(found.values())
 
 
+def group_of_job(pgid: int, job: int, epoch: int) -> bool:
+    """Whether process group `pgid` has a live member of launch (job, epoch), by the
+    PHALANX_JOB_ID and PHALANX_EPOCH in its environment."""
+    want = (str(job), str(epoch))
+    return any(p.pgid == pgid and not p.zombie and _job_of(p.pid) == want for p in _scan().values())
+
+
 def kill(group: Group) -> None:
     """SIGKILL a group found by live_recorded()."""
     with contextlib.suppress(ProcessLookupError, PermissionError):  # gone, or only zombies
         os.killpg(group.pgid, signal.SIGKILL)
 
 
-def kill_orphans(state_dir: Path) -> int:
+def kill_orphans(state_dir: Path, keep: Collection[Path] = ()) -> int:
     """SIGKILL every recorded process group still alive and ours (live_recorded), wait a
     little for them to be gone, and forget the records. Called when the agent starts,
     before it registers: nothing of its own runs yet. Job cgroups recorded there are
-    emptied (everything in them: escaped process groups too) and deleted first. Returns
-    the groups killed."""
-    cgroups.kill_leftovers(state_dir, remove=True)
-    groups = live_recorded(state_dir)
+    emptied (everything in them: escaped process groups too) and deleted first. The launch
+    dirs in `keep` are spared (jobs this agent may adopt: adopt.py). Returns the groups
+    killed."""
+    cgroups.kill_leftovers(state_dir, remove=True, keep=keep)
+    groups = [g for g in live_recorded(state_dir) if launch_dir(state_dir, g) not in keep]
     for g in groups:
         kill(g)
         log.warning(
@@ -105,9 +114,15 @@ def kill_orphans(state_dir: Path) -> int:
             g.epoch,
         )
     for path in (state_dir / "jobs").glob(f"*/e*/{RECORD_NAME}"):
-        path.unlink(missing_ok=True)
-    _wait_gone({g.pgid for g in groups})
+        if path.parent not in keep:
+            path.unlink(missing_ok=True)
+    wait_gone({g.pgid for g in groups})
     return len(groups)
+
+
+def launch_dir(state_dir: Path, group: Group) -> Path:
+    """The launch dir a group was recorded in."""
+    return state_dir / "jobs" / group.job / f"e{group.epoch}"
 
 
 def _entries(path: Path) -> list[tuple[int, int]]:
@@ -154,7 +169,8 @@ def _job_of(pid: int) -> tuple[str, str] | None:
     return job.decode(errors="replace"), epoch.decode(errors="replace")
 
 
-def _wait_gone(groups: set[int]) -> None:
+def wait_gone(groups: set[int]) -> None:
+    """Wait (a few seconds at most) until no live process is left in `groups`."""
     deadline = time.monotonic() + _WAIT_S
     while groups and time.monotonic() < deadline:
         alive = {p.pgid for p in _scan().values() if not p.zombie}

@@ -35,6 +35,13 @@ def task_paths(
     return d / f"task-{task_id}.out", d / f"task-{task_id}.err"
 
 
+def exec_paths(state_dir: Path, job_id: int, epoch: int, exec_id: int) -> tuple[Path, Path]:
+    """(stdout, stderr) files of one `phalanx exec` while it runs (deleted once streamed):
+    `…/e<epoch>/exec-<N>.out|.err`."""
+    d = epoch_dir(state_dir, job_id, epoch)
+    return d / f"exec-{exec_id}.out", d / f"exec-{exec_id}.err"
+
+
 def latest_rank_paths(state_dir: Path, job_id: int, rank: int) -> tuple[Path, Path] | None:
     """The default files of a rank from the newest epoch on disk (after an agent restart)."""
     root = state_dir / "logs" / str(job_id)

@@ -21,10 +21,11 @@ from phalanx import pidlock
 from phalanx.api.models import MAX_CONFINEMENT, RegisterRequest, validation_detail
 from phalanx.tls import TLSError, client_context
 
-from . import cgroups, leftovers
+from . import adopt, cgroups
 from .confine import JobConfiner
+from .execrun import ExecManager
 from .gpus import FakeProvider, GpuError, GpuProvider, detect
-from .guard import start_guard, stop_guard
+from .guard import LeaseFile, start_guard, stop_guard
 from .headlink import HeadLink, HeadSeen, JoinRefused
 from .health import EVENTS_FILE, EventQueue, HealthMonitor, check_problem
 from .identity import sane_env
@@ -36,9 +37,14 @@ from .steps import StepManager
 from .survive import Survivals
 from .tlsserve import AgentTLS
 
+SHUTDOWN_GRACE_S = 1  # seconds (uvicorn takes whole ones)
 log = logging.getLogger(__name__)
 NODE_CREDENTIAL_FILE = "node.token"  # the node credential, kept across restarts (0600)
 LOCK_FILE = "agent.lock"  # in the state dir: one agent per state dir
+PORT_FILE = "port"  # "ADDRESS PORT" the API last listened on: taken again after a restart
+# Exit for an upgrade (or any restart), leaving the jobs running for the next agent on this
+# state dir to adopt; SIGTERM and SIGINT still mean "stop my jobs, then exit".
+UPGRADE_SIGNAL = signal.SIGUSR2
 
 
 class AgentError(RuntimeError):
@@ -77,10 +83,16 @@ class _Server(uvicorn.Server):
         yield
 
 
-def run_agent(cfg: AgentConfig, stop: threading.Event | None = None) -> None:
+def run_agent(
+    cfg: AgentConfig,
+    stop: threading.Event | None = None,
+    leave_jobs: threading.Event | None = None,
+) -> None:
     """Run the agent until SIGINT/SIGTERM (or `stop` is set): serve the agent API,
     register with the head, heartbeat and reconcile. Every job process is stopped before
-    it returns. Raises AgentError for problems the user must fix (no GPUs, bad token)."""
+    it returns. SIGUSR2 (or `leave_jobs` set) ends it too but leaves the jobs running: the
+    next agent started on the same state dir within the lease adopts them (an upgrade).
+    Raises AgentError for problems the user must fix (no GPUs, bad token)."""
     # Everything the agent writes is its own unless it says otherwise (jobs' files are
     # created for their user): no job reads the agent's records or credentials. The
     # umask is the process's: an agent run inside another program gives it back.
@@ -90,7 +102,7 @@ def run_agent(cfg: AgentConfig, stop: threading.Event | None = None) -> None:
         _check_health_settings(cfg)
         ca_pem = _read_ca(cfg.ca_file)
         with _state_lock(cfg.state_dir):
-            asyncio.run(_run(cfg, stop, ca_pem))
+            asyncio.run(_run(cfg, stop, leave_jobs, ca_pem))
     except (GpuError, JoinRefused) as e:
         raise AgentError(str(e)) from e
     finally:
@@ -115,16 +127,30 @@ def _state_lock(state_dir: Path) -> Iterator[None]:
         held.close()
 
 
-async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str | None) -> None:
+async def _run(
+    cfg: AgentConfig,
+    stop_flag: threading.Event | None,
+    leave_flag: threading.Event | None,
+    ca_pem: str | None,
+) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    leaving = asyncio.Event()  # stop, but leave the jobs running (an upgrade)
+
+    def leave() -> None:
+        leaving.set()
+        stop.set()
+
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-    if stop_flag is not None:
-        threading.Thread(
-            target=lambda: (stop_flag.wait(), loop.call_soon_threadsafe(stop.set)), daemon=True
-        ).start()
+        loop.add_signal_handler(UPGRADE_SIGNAL, leave)
+    for flag, action in ((stop_flag, stop.set), (leave_flag, leave)):
+        if flag is not None:
+            threading.Thread(
+                target=lambda f=flag, a=action: (f.wait(), loop.call_soon_threadsafe(a)),
+                daemon=True,
+            ).start()
 
     changed = asyncio.Event()
 
@@ -151,8 +177,14 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
     steps = StepManager(ctx, procs)
     survivals = Survivals()  # exceptions the agent's loops caught and survived
     reconciler = Reconciler(
-        ctx, procs, on_change=notify, on_stop_job=steps.stop_undesired, survivals=survivals
+        ctx,
+        procs,
+        on_change=notify,
+        on_stop_job=steps.stop_undesired,
+        on_adopt_steps=steps.adopt,
+        survivals=survivals,
     )
+    execs = ExecManager(ctx, procs, reconciler)
     gpus = detect(
         cfg.fake_gpus,
         cfg.gpu_model,
@@ -175,6 +207,7 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
         confine = JobConfiner(confinement, gpus.device_files())
         reconciler.confine = confine
         steps.cgroup_of = confine.get
+        execs.cgroup_of = confine.get
     health = HealthMonitor(
         gpus,
         EventQueue(state_dir / EVENTS_FILE),
@@ -186,10 +219,14 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
     try:
         health.start()  # the checks' first run starts now, in parallel with registering
         write_shims(ctx.bin_dir)
-        # A SIGKILLed agent's job processes may still run: end them before registering
-        # (this agent reports their epochs lost and never runs them again).
-        await asyncio.to_thread(leftovers.kill_orphans, state_dir)
-        sock = _listen(cfg.address, cfg.port)
+        # The job processes an earlier run of the agent left: within its lease (an upgrade,
+        # a crash) they wait for the head's word, to be adopted or killed; past it they
+        # are killed now, before registering (this agent reports their epochs lost and
+        # never runs them again).
+        survivors = await asyncio.to_thread(adopt.inherit, state_dir)
+        if survivors.deadline is not None:
+            reconciler.survivors = survivors
+        sock = _listen(cfg.address, cfg.port, state_dir / PORT_FILE)
         # With a pinned CA the agent's API serves TLS too, with a certificate the head
         # signs at registration (the head's own CA); without one, plain HTTP.
         agent_tls = AgentTLS(state_dir) if ca_pem is not None else None
@@ -201,14 +238,28 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
         inject = gpus.inject if isinstance(gpus, FakeProvider) else None
         seen = HeadSeen(cfg.name)
         app = create_app(
-            secret=agent_secret, reconciler=reconciler, steps=steps, inject=inject, head_seen=seen
+            secret=agent_secret,
+            reconciler=reconciler,
+            steps=steps,
+            inject=inject,
+            head_seen=seen,
+            execs=execs,
         )
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        # A request still open when the agent stops (a peer's, a log read, an exec) gets
+        # SHUTDOWN_GRACE_S to finish: an agent leaving for an upgrade must be gone well
+        # within the lease, or its jobs are fenced before the next agent adopts them.
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        )
         if agent_tls is not None:
             config.load()
             config.ssl = agent_tls.context  # its certificate arrives with registration
         server = _Server(config)
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        serving = asyncio.create_task(_serve(server, sock, reconciler, stop))
         log.info("agent %s serving on %s with %d GPU(s)", cfg.name, agent_url, len(request.gpus))
         link = HeadLink(
             cfg.head_url,
@@ -226,21 +277,48 @@ async def _run(cfg: AgentConfig, stop_flag: threading.Event | None, ca_pem: str 
             credential_file=state_dir / NODE_CREDENTIAL_FILE,
             seen=seen,
             max_outage_s=cfg.max_outage_s,
+            lease_until=survivors.deadline,
         )
         # Fences the jobs should this process be frozen or killed (it cannot, then).
         guard = start_guard(state_dir)
+        if survivors.deadline is not None:
+            # Take the lease over from the previous agent's guard, unchanged: this guard
+            # now fences its jobs at that deadline unless the head answers this agent.
+            LeaseFile(state_dir).renew(survivors.deadline)
         try:
             await link.run()
         finally:
-            log.info("agent %s stopping: ending job processes", cfg.name)
-            await asyncio.to_thread(reconciler.shutdown)
-            await asyncio.to_thread(stop_guard, guard)
+            if leaving.is_set():
+                await link.last_beat()
+                log.warning(
+                    "agent %s exiting for a restart; its jobs keep running, and its lease guard "
+                    "fences them unless an agent on %s takes them over within the lease",
+                    cfg.name,
+                    state_dir,
+                )
+            else:
+                log.info("agent %s stopping: ending job processes", cfg.name)
+                await asyncio.to_thread(reconciler.shutdown)
+                await asyncio.to_thread(stop_guard, guard)
             server.should_exit = True
             await serving
     finally:
         await asyncio.to_thread(health.stop)
         gpus.close()
         confinement.close()
+
+
+async def _serve(
+    server: uvicorn.Server, sock: socket.socket, reconciler: Reconciler, stop: asyncio.Event
+) -> None:
+    """Serve the agent API. An agent adopting jobs (adopt.py) serves only once it knows
+    them (the head's first desired state): their srun steps' and the head's requests wait
+    in the listen backlog meanwhile rather than get a 404 for a job it adopts a moment
+    later."""
+    while not reconciler.settled() and not stop.is_set():
+        await asyncio.sleep(0.05)
+    if not stop.is_set():
+        await server.serve(sockets=[sock])
 
 
 def _check_head_urls(value: str) -> None:
@@ -274,17 +352,37 @@ def _check_health_settings(cfg: AgentConfig) -> None:
             raise AgentError(problem)
 
 
-def _listen(address: str, port: int) -> socket.socket:
-    """Bind the API socket now, so port 0 resolves before registering."""
+def _listen(address: str, port: int, remembered: Path | None = None) -> socket.socket:
+    """Bind the API socket now, so port 0 resolves before registering. With port 0 the
+    port of the previous run on this state dir (`remembered`) is taken again when free:
+    the jobs it adopts reach their agent at the URL they were given (srun)."""
+    sock = None
+    if port == 0 and remembered is not None:
+        with contextlib.suppress(OSError, ValueError):
+            was_address, was_port = remembered.read_text().split()
+            if was_address == address:
+                sock = _bind(address, int(was_port))
+    if sock is None:
+        try:
+            sock = _bind(address, port)
+        except OSError as e:
+            raise AgentError(f"cannot listen on {address}:{port}: {e.strerror or e}") from e
+    if remembered is not None:
+        with contextlib.suppress(OSError):
+            remembered.write_text(f"{address} {sock.getsockname()[1]}\n")
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+def _bind(address: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((address, port))
-    except OSError as e:
+    except BaseException:
         sock.close()
-        raise AgentError(f"cannot listen on {address}:{port}: {e.strerror or e}") from e
-    sock.listen(128)
-    sock.setblocking(False)
+        raise
     return sock
 
 

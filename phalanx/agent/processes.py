@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -14,12 +13,13 @@ import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from .cgroups import JobCgroup
 
-from .identity import JOB_UMASK, RunAs
+from . import spawn
+from .identity import RunAs
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ class ProcState:
     # Why the agent could not launch it at all ("LaunchFailed: …"): the job fails, and is
     # not requeued (the same spec would fail on any node).
     launch_error: str | None = None
+    shim: int | None = None  # the pid of its shim (spawn.py), when it has one
 
     @property
     def shell_code(self) -> int | None:
@@ -84,6 +85,14 @@ class ProcState:
         if self.signal is not None:
             return 128 + self.signal
         return self.exit_code
+
+
+class Exit(NamedTuple):
+    """How an adopted process ended, as its shim recorded it."""
+
+    code: int | None  # exit code, when it exited
+    signal: int | None  # the signal that killed it
+    at: float  # unix seconds
 
 
 class _Proc:
@@ -97,8 +106,13 @@ class _Proc:
         owner: Hashable = None,
         outputs: tuple[Path, Path] | None = None,
         uid: int | None = None,
+        pid: int | None = None,
     ) -> None:
-        self.popen = popen
+        self.popen = popen  # the agent's child: the process itself, or its shim
+        # The job process, leader of its own process group (what the agent signals); None:
+        # it never started. With a shim, the shim's child.
+        self.pid = pid if pid is not None else (popen.pid if popen is not None else None)
+        self.pgid = self.pid  # None: its group may no longer be ours (adopted after it ended)
         self.outputs = outputs
         self.uid = uid
         self.owner = owner
@@ -111,10 +125,12 @@ class _Proc:
         self.stopping = False
         self.lost = False
         self.launch_error: str | None = None
+        self.done = threading.Event()  # set once it ended and its status is known
 
     def state(self) -> ProcState:
+        shim = self.popen.pid if self.popen is not None and self.popen.pid != self.pid else None
         return ProcState(
-            pid=self.popen.pid if self.popen is not None else None,
+            pid=self.pid,
             running=self.ended_at is None,
             exit_code=self.exit_code,
             signal=self.signal,
@@ -126,6 +142,7 @@ class _Proc:
             outputs=self.outputs,
             uid=self.uid,
             launch_error=self.launch_error,
+            shim=shim,
         )
 
 
@@ -158,6 +175,7 @@ class ProcessManager:
         run_as: RunAs | None = None,
         outputs: tuple[Path | None, Path | None] = (None, None),
         cgroup: JobCgroup | None = None,
+        status: Path | None = None,
     ) -> ProcState:
         """Start `argv` in `cwd` with exactly `env`, appending output to the two files
         (one file when both paths are equal). A process that cannot start (missing cwd,
@@ -169,7 +187,9 @@ class ProcessManager:
         that user (groups, umask 077); it enters `cwd` and opens `outputs` (-o/-e paths,
         stderr None: joins stdout when -o is given) itself, with that user's rights; the
         agent's `stdout`/`stderr` files (which it creates owned by the user) get the rest.
-        With `cgroup` (the job's), the process is born inside it."""
+        With `cgroup` (the job's), the process is born inside it. With `status`, it runs
+        under a shim (shim.py) that writes its exit status there: a restarted agent can
+        adopt it (adopt.py)."""
         if key in self._procs:
             raise ValueError(f"process {key!r} already exists")
         if self._fenced:
@@ -178,7 +198,7 @@ class ProcessManager:
             )
         if run_as is not None and run_as.switches:
             return self._start_as(
-                key, argv, env, cwd, stdout, stderr, owner, run_as, outputs, cgroup
+                key, argv, env, cwd, stdout, stderr, owner, run_as, outputs, cgroup, status
             )
         if not os.path.isdir(cwd):
             msg = f"working directory {cwd} does not exist on this node"
@@ -207,20 +227,8 @@ class ProcessManager:
                     stderr=stderr,
                     launch_error=True,
                 )
-            # Confinement hook: the process is born in the job's cgroup (cgroups.py).
-            adopt, leave = _enter(cgroup)
             try:
-                popen = subprocess.Popen(
-                    list(argv),
-                    env=dict(env),
-                    cwd=cwd,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,  # its own session and process group
-                    close_fds=True,
-                )
-                adopt(popen.pid)
+                popen, pid = spawn.start(argv, env, cwd, out, err, None, cgroup, status)
             except FileNotFoundError:
                 failure = (EXIT_NOT_FOUND, f"{argv[0]}: command not found")
             except PermissionError:
@@ -231,7 +239,6 @@ class ProcessManager:
                 failure = (EXIT_CANNOT_START, f"LaunchFailed: cannot start {argv[0]!r}: {e}")
                 launch_error = True
             finally:
-                leave()
                 if err is not out:
                     err.close()
         if failure is not None:
@@ -243,13 +250,13 @@ class ProcessManager:
                 stderr=stderr,
                 launch_error=launch_error,
             )
-        return self._track(key, _Proc(popen, stdout, stderr, owner))
+        return self._track(key, _Proc(popen, stdout, stderr, owner, pid=pid))
 
     def _track(self, key: Hashable, proc: _Proc) -> ProcState:
         """Book a process that started and watch it; its state as started (even if it
         ends before this returns)."""
-        assert proc.popen is not None
-        pid = proc.popen.pid
+        pid = proc.pid
+        assert proc.popen is not None and pid is not None
         started = proc.state()
         with self._lock:
             self._procs[key] = proc
@@ -273,6 +280,7 @@ class ProcessManager:
         run_as: RunAs,
         outputs: tuple[Path | None, Path | None],
         cgroup: JobCgroup | None,
+        status: Path | None,
     ) -> ProcState:
         out_path, err_path = outputs
         err_arg = str(err_path) if err_path is not None else ("=" if out_path else "")
@@ -290,23 +298,11 @@ class ProcessManager:
             return self.fail(
                 key, f"cannot open {stderr}: {e}", code=1, stdout=stdout, stderr=stderr
             )
-        adopt, leave = _enter(cgroup)  # born in the job's cgroup (cgroups.py)
         try:
-            popen = subprocess.Popen(
-                [*wrapper, "--", *argv],
-                env=dict(env),
-                cwd="/",  # the wrapper enters the job's directory as the user
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                start_new_session=True,
-                close_fds=True,
-                user=run_as.uid,
-                group=run_as.gid,
-                extra_groups=list(run_as.groups),
-                umask=JOB_UMASK,
+            # The wrapper enters the job's directory as the user.
+            popen, pid = spawn.start(
+                [*wrapper, "--", *argv], env, "/", out, err, run_as, cgroup, status
             )
-            adopt(popen.pid)
         except OSError as e:
             msg = f"cannot start {argv[0] if argv else 'the job'} as uid {run_as.uid}: {e}"
             return self.fail(key, msg, code=EXIT_CANNOT_START, stdout=stdout, stderr=stderr)
@@ -316,7 +312,6 @@ class ProcessManager:
                 key, msg, code=EXIT_CANNOT_START, stdout=stdout, stderr=stderr, launch_error=True
             )
         finally:
-            leave()
             os.close(out)
             if err != out:
                 os.close(err)
@@ -328,7 +323,8 @@ class ProcessManager:
                 if err_path
                 else (_absolute(out_path, cwd) if out_path else stderr),
             )
-        return self._track(key, _Proc(popen, stdout, stderr, owner, outputs=shown, uid=run_as.uid))
+        proc = _Proc(popen, stdout, stderr, owner, outputs=shown, uid=run_as.uid, pid=pid)
+        return self._track(key, proc)
 
     def fail(
         self,
@@ -357,6 +353,7 @@ class ProcessManager:
         proc = _Proc(None, stdout, stderr)
         proc.exit_code, proc.signal, proc.ended_at = code, signal, time.time()
         proc.lost = lost
+        proc.done.set()
         if launch_error:
             proc.launch_error = message.replace("\x00", "\\0")[:MAX_LAUNCH_ERROR]
         with self._lock:
@@ -365,16 +362,67 @@ class ProcessManager:
             self._on_change(key)
         return proc.state()
 
+    def adopt(
+        self,
+        key: Hashable,
+        *,
+        pid: int,
+        group: bool,
+        started_at: float,
+        stdout: Path,
+        stderr: Path,
+        owner: Hashable,
+        outputs: tuple[Path, Path] | None,
+        uid: int | None,
+        wait_end: Callable[[], Exit | None],
+    ) -> ProcState:
+        """Take over a job process an earlier run of the agent started (adopt.py). It is
+        not this agent's child: `wait_end()` blocks until it ended and says how (None: no
+        status; it reads as killed by SIGKILL, lost unless this agent stopped it). `group`:
+        its process group is verifiably still the job's, so stops and signals go to it."""
+        if key in self._procs:
+            raise ValueError(f"process {key!r} already exists")
+        proc = _Proc(None, stdout, stderr, owner, outputs=outputs, uid=uid, pid=pid)
+        proc.started_at = started_at
+        proc.pgid = pid if group else None
+        with self._lock:
+            self._procs[key] = proc
+            if self._fenced and proc.pgid is not None:  # fenced meanwhile: never runs on
+                proc.lost = True
+                _signal_group(pid, signal.SIGKILL)
+        threading.Thread(
+            target=self._watch_adopted,
+            args=(key, proc, wait_end),
+            name=f"adopted-{pid}",
+            daemon=True,
+        ).start()
+        return proc.state()
+
+    def _watch_adopted(
+        self, key: Hashable, proc: _Proc, wait_end: Callable[[], Exit | None]
+    ) -> None:
+        end = wait_end()
+        with self._lock:
+            if end is None:
+                proc.ended_at, proc.signal = time.time(), signal.SIGKILL
+                proc.lost = proc.lost or not proc.stopping
+            else:
+                proc.ended_at, proc.exit_code, proc.signal = end.at, end.code, end.signal
+        proc.done.set()
+        if self._on_change is not None:
+            self._on_change(key)
+
     def _watch(self, key: Hashable, proc: _Proc) -> None:
         """Reap the group leader (no zombies) and record how it ended."""
         assert proc.popen is not None
-        code = proc.popen.wait()
+        code = proc.popen.wait()  # a shim ends as its job process did (shim.py)
         with self._lock:
             proc.ended_at = time.time()
             if code < 0:
                 proc.signal = -code
             else:
                 proc.exit_code = code
+        proc.done.set()
         if self._on_change is not None:
             self._on_change(key)
 
@@ -401,10 +449,10 @@ class ProcessManager:
         Returns at once; a stop already under way is not restarted."""
         with self._lock:
             proc = self._procs.get(key)
-            if proc is None or proc.popen is None or proc.stopping:
+            if proc is None or proc.pgid is None or proc.stopping:
                 return
             proc.stopping = True
-            pgid = proc.popen.pid
+            pgid = proc.pgid
             ended = proc.ended_at is not None
         if ended and not group_alive(pgid):
             return  # nothing left; never signal an id the kernel may have reused
@@ -420,17 +468,17 @@ class ProcessManager:
         """Send `sig` to the process group of a running process; False if it is not running."""
         with self._lock:
             proc = self._procs.get(key)
-            if proc is None or proc.popen is None or proc.ended_at is not None:
+            if proc is None or proc.pgid is None or proc.ended_at is not None:
                 return False
-            return _signal_group(proc.popen.pid, sig)
+            return _signal_group(proc.pgid, sig)
 
     def signal_owned(self, owner: Hashable, sig: signal.Signals) -> int:
         """Send `sig` to the group of every running process of `owner`; how many got it."""
         with self._lock:
             groups = [
-                p.popen.pid
+                p.pgid
                 for p in self._procs.values()
-                if p.owner == owner and p.popen is not None and p.ended_at is None
+                if p.owner == owner and p.pgid is not None and p.ended_at is None
             ]
             return sum(_signal_group(pgid, sig) for pgid in groups)
 
@@ -444,9 +492,9 @@ class ProcessManager:
         with self._lock:
             self._fenced = True
             for proc in self._procs.values():
-                if proc.popen is None:
+                pgid = proc.pgid
+                if pgid is None:
                     continue
-                pgid = proc.popen.pid
                 if proc.ended_at is None:  # not reaped yet: the group id is still ours
                     proc.lost = True
                     if _signal_group(pgid, signal.SIGKILL):
@@ -482,8 +530,7 @@ class ProcessManager:
         for t in stoppers:
             t.join()
         for p in procs:
-            if p.popen is not None:
-                p.popen.wait()
+            p.done.wait()  # reaped (a child), or its end seen (adopted)
 
 
 def _absolute(path: Path, cwd: str) -> Path:
@@ -515,14 +562,6 @@ def open_job_file(path: Path, run_as: RunAs | None) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def _enter(cgroup: JobCgroup | None) -> tuple[Callable[[int], None], Callable[[], None]]:
-    """(adopt(pid), leave()) around starting a process in `cgroup`; no-ops without one."""
-    if cgroup is None:
-        return (lambda pid: None), (lambda: None)
-    stack = contextlib.ExitStack()
-    return stack.enter_context(cgroup.entered()), stack.close
 
 
 def _why(e: Exception) -> str:

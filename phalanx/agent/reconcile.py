@@ -10,14 +10,23 @@ import socket
 import subprocess
 import threading
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from phalanx.api.models import Assignment, DesiredState, ProcessStatus
 from phalanx.jobspec import expand_pattern
 
-from . import identity, leftovers, logfiles, notices
-from .admission import LAUNCH_FAILED, Refused, output_problem
+from . import adopt, identity, leftovers, logfiles, notices
+from .admission import (
+    LAUNCH_FAILED,
+    Refused,
+    output_problem,
+    workdir_problem,
+    workdir_usable,
+)
+from .cgroups import JobCgroup
 from .confine import JobConfiner
 from .env import global_rank, job_env, local_ranks
 from .identity import JOB_UMASK, RunAs
@@ -27,6 +36,7 @@ from .survive import Survivals
 log = logging.getLogger(__name__)
 
 DEFAULT_KILL_GRACE_S = 10.0
+_LAUNCH_THREADS = 8  # ranks of one launch started at once
 
 JobKey = tuple[int, int]  # (job_id, epoch)
 
@@ -65,6 +75,24 @@ class LaunchContext:
         marker, process groups and notices (the agent's, unreadable to the job)."""
         return self.state_dir / "jobs" / str(job_id) / f"e{epoch}"
 
+    def rank_env(
+        self, a: Assignment, user: RunAs, local_rank: int, master_port: int | None
+    ) -> dict[str, str]:
+        """The environment of a process of `a` on this node as its rank `local_rank` sees
+        it (a rank, or a command `phalanx exec` runs beside one): env.job_env with this
+        node's facts."""
+        return job_env(
+            a,
+            base={**self.base_env, **user.env()},
+            local_rank=local_rank,
+            master_port=master_port,
+            head_url=self.head_url,
+            bin_dir=self.bin_dir,
+            job_dir=self.job_dir(a.job_id, a.epoch),
+            secrets=self.secrets,
+            head_ca_pem=self.head_ca_pem,
+        )
+
     def open_job_dir(self, job_id: int, epoch: int) -> Path:
         """The job dir, created so the job's user can pass through to its own files in it
         (mode 0711 from the state dir down: nothing in it can be listed)."""
@@ -92,11 +120,13 @@ def launch_failed(e: identity.Refused) -> str:
     return f"{LAUNCH_FAILED}{e}"
 
 
-# Creates the job's -o/-e files fresh and its checkpoint directory, as the job's user, in
-# the job's working directory; prints each file it cannot create (a directory, no
-# permission). Arguments: WORKDIR CHECKPOINT_DIR FILE…
+# Checks that the job's user can enter its working directory (else exit 3), then creates
+# the job's -o/-e files fresh and its checkpoint directory, as that user, there; prints
+# each file it cannot create (a directory, no permission). Arguments: WORKDIR
+# CHECKPOINT_DIR FILE…
+_NO_WORKDIR = 3
 _PREPARE_AS_USER = r"""
-cd -- "$1" 2>/dev/null || exit 0
+cd -- "$1" 2>/dev/null || exit 3
 [ -n "$2" ] && mkdir -p -- "$2" 2>/dev/null
 shift 2
 for f; do { true >"$f"; } 2>/dev/null || printf '%s\n' "$f"; done
@@ -119,6 +149,7 @@ class Reconciler:
         *,
         on_change: Callable[[], None] = lambda: None,
         on_stop_job: Callable[[set[JobKey], float], None] = lambda keys, grace: None,
+        on_adopt_steps: Callable[[Assignment, list[adopt.ProcRecord]], None] = lambda a, r: None,
         confine: JobConfiner | None = None,
         survivals: Survivals | None = None,
     ) -> None:
@@ -128,6 +159,10 @@ class Reconciler:
         self.confine = confine  # each job epoch in its own cgroup (None: unconfined)
         self._on_change = on_change
         self._on_stop_job = on_stop_job  # stops srun steps of jobs no longer desired
+        self._on_adopt_steps = on_adopt_steps  # takes over srun step tasks a launch had
+        # What an earlier run of the agent left running, until the first desired state
+        # decides on it (adopt.py); None: nothing (left).
+        self.survivors: adopt.Survivors | None = None
         self._lock = threading.RLock()
         self._desired: DesiredState | None = None
         self._launches: dict[JobKey, _Launch] = {}
@@ -145,6 +180,7 @@ class Reconciler:
         with self._lock:
             self._desired = desired
             wanted = {(a.job_id, a.epoch): a for a in desired.jobs}
+            self._inherit(wanted)
             keep = set(wanted) | {(r.job_id, r.epoch) for r in refused}
             self._stop_undesired(keep, desired.kill_grace_s)
             self._on_stop_job(keep, desired.kill_grace_s)
@@ -165,6 +201,51 @@ class Reconciler:
                     except Exception:
                         self.survivals.record("reconcile", f"notices of job {a.job_id}.{a.epoch}")
 
+    # ------------------------------------------------------------------ adoption
+    def _inherit(self, wanted: Mapping[JobKey, Assignment]) -> None:
+        """With the first desired state since the agent started, settle what an earlier run
+        of the agent left running (adopt.py): a launch the head still wants here, as the
+        same job and epoch, run by the same user, is adopted; any other is killed (its
+        epoch is over here; if still wanted, _maybe_launch reports it lost)."""
+        survivors = self.survivors
+        if survivors is None:
+            return
+        try:
+            for key in survivors.launches():
+                a = wanted.get(key)
+                job_dir = self.ctx.job_dir(*key)
+                ok = a is not None and key not in self._fenced and adopt.same_launch(job_dir, a)
+                user = _user(a) if a is not None and ok else None
+                records = survivors.take(key) if user is not None else None
+                try:
+                    if a is None or user is None or records is None:
+                        survivors.kill(key)
+                    elif any(r.uid != user.uid for r in records):
+                        survivors.kill(key, records)
+                    else:
+                        self._adopt(a, records)
+                except Exception:  # a bug: kill rather than leave it half adopted
+                    self.survivals.record("reconcile", f"adopting job {key[0]}.{key[1]}")
+                    adopt.disown(job_dir)
+                    survivors.kill(key, records)
+        finally:
+            self.survivors = None  # settled: the agent's API may serve these jobs now
+
+    def _adopt(self, a: Assignment, records: list[adopt.ProcRecord]) -> None:
+        key = (a.job_id, a.epoch)
+        job_dir = self.ctx.job_dir(*key)
+        launch = _Launch(a, delivered=notices.delivered(job_dir))
+        self._launches[key] = launch
+        if self.confine is not None:
+            self.confine.adopt(a, job_dir)
+        launch.ranks, port = adopt.take_ranks(
+            self.procs, a, records, self.ctx.state_dir, partial(rank_key, *key)
+        )
+        if port is not None:
+            self._ports[key] = port  # picked here, not reported to the head yet
+        self._on_adopt_steps(a, [r for r in records if r.kind == "task"])
+        self._on_change()
+
     # ------------------------------------------------------------------ fencing
     def fence(self, since: float | None = None) -> int:
         """The head has not answered for its lease and may restart this node's jobs
@@ -177,11 +258,21 @@ class Reconciler:
         killed = self.procs.fence(since)
         if self.confine is not None:  # what escaped its process group dies with its cgroup
             self.confine.kill_all()
+        survivors = self.survivors
+        if survivors is not None:  # not adopted yet: the head never confirmed them
+            survivors.kill_all()
+            self.survivors = None
         desired = self._desired
         if desired is not None:
             self._fenced = self._fenced | {(a.job_id, a.epoch) for a in desired.jobs}
+        for key in {*list(self._launches), *self._fenced}:
+            adopt.disown(self.ctx.job_dir(*key))  # lost, not failed: never adopted later
         self._on_change()
         return killed
+
+    def settled(self) -> bool:
+        """Whether nothing an earlier run of the agent left awaits the head's word."""
+        return self.survivors is None
 
     def resume(self) -> None:
         """The head answered again: reconcile normally (fenced epochs stay dead)."""
@@ -210,6 +301,7 @@ class Reconciler:
                     self.procs.forget(rank_key(key[0], key[1], rank))
                 del self._launches[key]
                 self._ports.pop(key, None)
+                adopt.forget(self.ctx.job_dir(*key))  # nothing of it is left to adopt
 
     def _maybe_launch(self, a: Assignment) -> None:
         key = (a.job_id, a.epoch)
@@ -239,9 +331,12 @@ class Reconciler:
             user = run_as(a)
             # The agent checks -o/-e paths itself only for its own user's jobs: another
             # user's files are checked and created by that user (_prepare_as_user).
-            problem = (
-                None if user.switches else self._output_problem(a, user, [r for r, _ in ranks])
-            )
+            if user.switches:
+                problem = None  # checked as that user (_prepare_as_user)
+            elif not workdir_usable(a.workdir):
+                problem = workdir_problem(a.workdir)
+            else:
+                problem = self._output_problem(a, user, [r for r, _ in ranks])
         except identity.Refused as e:
             problem = launch_failed(e)
         if problem is not None or user is None:
@@ -261,7 +356,9 @@ class Reconciler:
                 self._ports[key] = port
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.write_text(fingerprint)
-        notices.forget(job_dir)  # a record left by another job with the same id and epoch
+        # Records left by another job with the same id and epoch (a recreated cluster).
+        notices.forget(job_dir)
+        adopt.forget(job_dir)
         launch = _Launch(a)
         self._launches[key] = launch
         argv, problem = self._argv(a, user)
@@ -278,52 +375,76 @@ class Reconciler:
                 with contextlib.suppress(OSError):  # the job reports it if it needs it
                     (Path(a.workdir) / a.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             self._prepare_outputs(a, user, [r for r, _ in ranks])
+        started = []
         for rank, local in ranks:
             launch.ranks[rank] = local
-            pkey = rank_key(a.job_id, a.epoch, rank)
+            if problem is None:
+                started.append((rank, local))
+                continue
             out, err = self._log_paths(a, rank, user)
             if not user.switches:
                 _link_default_paths(self.ctx.state_dir, a, rank, out, err)
-            if problem is not None:
-                refused = problem.startswith(LAUNCH_FAILED)  # fails on any node: no requeue
-                self.procs.fail(
-                    pkey,
-                    problem,
-                    code=EXIT_CANNOT_START,
-                    stdout=out,
-                    stderr=err,
-                    launch_error=refused,
-                )
-                continue
-            env = job_env(
-                a,
-                base={**self.ctx.base_env, **user.env()},
-                local_rank=local,
-                master_port=port,
-                head_url=self.ctx.head_url,
-                bin_dir=self.ctx.bin_dir,
-                job_dir=job_dir,
-                secrets=self.ctx.secrets,
-                head_ca_pem=self.ctx.head_ca_pem,
+            refused = problem.startswith(LAUNCH_FAILED)  # fails on any node: no requeue
+            pkey = rank_key(a.job_id, a.epoch, rank)
+            self.procs.fail(
+                pkey, problem, code=EXIT_CANNOT_START, stdout=out, stderr=err, launch_error=refused
             )
-            state = self.procs.start(
-                pkey,
-                argv,
-                env=env,
-                cwd=a.workdir,
-                stdout=out,
-                stderr=err,
-                owner=key,
-                run_as=user,
-                outputs=self._output_paths(a, rank),
-                cgroup=cgroup,
-            )
-            if state.outputs is not None and state.uid is not None:
-                logfiles.record_outputs(out, state.uid, state.outputs)
-            if state.pid is not None:
-                leftovers.record(job_dir, state.pid)
-            log.info("job %d.%d: rank %d started, pid %s", a.job_id, a.epoch, rank, state.pid)
+        start = partial(self._start_rank, a, user, argv, cgroup, port)
+        if len(started) == 1:
+            start(*started[0])
+        elif started:
+            # In parallel: each rank's shim is an interpreter start-up (shim.py).
+            with ThreadPoolExecutor(min(len(started), _LAUNCH_THREADS), "launch") as pool:
+                for done in [pool.submit(start, rank, local) for rank, local in started]:
+                    done.result()  # re-raises: the launch fails as if started in turn
         self._on_change()
+
+    def _start_rank(
+        self,
+        a: Assignment,
+        user: RunAs,
+        argv: list[str],
+        cgroup: JobCgroup | None,
+        port: int | None,
+        rank: int,
+        local: int,
+    ) -> None:
+        """Start one rank of a launch (thread-safe: ranks start in parallel)."""
+        key = (a.job_id, a.epoch)
+        job_dir = self.ctx.job_dir(*key)
+        out, err = self._log_paths(a, rank, user)
+        if not user.switches:
+            _link_default_paths(self.ctx.state_dir, a, rank, out, err)
+        env = self.ctx.rank_env(a, user, local, port)
+        state = self.procs.start(
+            rank_key(a.job_id, a.epoch, rank),
+            argv,
+            env=env,
+            cwd=a.workdir,
+            stdout=out,
+            stderr=err,
+            owner=key,
+            run_as=user,
+            outputs=self._output_paths(a, rank),
+            cgroup=cgroup,
+            status=adopt.status_path(job_dir, adopt.rank_name(rank)),
+        )
+        if state.outputs is not None and state.uid is not None:
+            logfiles.record_outputs(out, state.uid, state.outputs)
+        if state.pid is not None:
+            leftovers.record(job_dir, state.pid)
+            adopt.remember(
+                job_dir,
+                state,
+                kind="rank",
+                job_id=a.job_id,
+                epoch=a.epoch,
+                rank=rank,
+                local_rank=local,
+                uid=user.uid,
+                master_port=port,
+            )
+        log.info("job %d.%d: rank %d started, pid %s", a.job_id, a.epoch, rank, state.pid)
 
     def _output_problem(self, a: Assignment, user: RunAs, ranks: list[int]) -> str | None:
         """Why a `-o`/`-e` file of this launch cannot be written (a directory, a path that
@@ -442,18 +563,25 @@ class Reconciler:
         return out, err
 
     def _prepare_as_user(self, a: Assignment, user: RunAs, ranks: list[int]) -> str | None:
-        """As the job's user: create its checkpoint directory, and its `-o`/`-e` files
-        afresh once per launch (kept on restarts, as Slurm). A file the user cannot create
-        (a directory, no permission) fails the launch ("LaunchFailed: …"); other failures
-        here fail again, with a message, when the ranks open their files."""
+        """As the job's user: check it may enter its working directory, create its
+        checkpoint directory, and its `-o`/`-e` files afresh once per launch (kept on
+        restarts, as Slurm). A working directory the user cannot enter or a file it cannot
+        create (a directory, no permission) fails the launch ("LaunchFailed: …"); other
+        failures here fail again, with a message, when the ranks start."""
         files = set()
         if a.restart_count == 0:
             files = {str(p) for r in ranks for p in self._output_paths(a, r) if p is not None}
-        if not files and not a.checkpoint_dir:
-            return None
         try:
             done = subprocess.run(
-                [SHELL, "-c", _PREPARE_AS_USER, "-", a.workdir, a.checkpoint_dir, *sorted(files)],
+                [
+                    SHELL,
+                    "-c",
+                    _PREPARE_AS_USER,
+                    "-",
+                    a.workdir,
+                    a.checkpoint_dir or "",
+                    *sorted(files),
+                ],
                 env={**identity.sane_env(), **user.env()},
                 cwd="/",
                 stdin=subprocess.DEVNULL,
@@ -469,6 +597,8 @@ class Reconciler:
         except (OSError, subprocess.TimeoutExpired) as e:
             log.warning("job %d: cannot prepare its files as uid %d: %s", a.job_id, user.uid, e)
             return None
+        if done.returncode == _NO_WORKDIR:
+            return workdir_problem(a.workdir, a.user)
         unwritable = done.stdout.decode(errors="replace").splitlines()
         if not unwritable:
             return None
@@ -511,6 +641,24 @@ class Reconciler:
             if self._desired is None:
                 return None
             return next((a for a in self._desired.jobs if a.job_id == job_id), None)
+
+    def running_rank(
+        self, job_id: int, epoch: int, rank: int
+    ) -> tuple[Assignment, int, int | None] | str:
+        """(assignment, local rank, master port) of rank `rank` of job `job_id`, epoch
+        `epoch`, while it runs on this node (`phalanx exec` starts beside it); else why not."""
+        with self._lock:
+            launch = self._launches.get((job_id, epoch))
+            desired = self.assignment(job_id)
+            if launch is None or desired is None or desired.epoch != epoch:
+                return f"job {job_id} (epoch {epoch}) does not run on this node"
+            if rank not in launch.ranks:
+                return f"rank {rank} of job {job_id} does not run on this node"
+            state = self.procs.get(rank_key(job_id, epoch, rank))
+            if state is None or not state.running:
+                return f"rank {rank} of job {job_id} has ended"
+            port = desired.master_port or self._ports.get((job_id, epoch))
+            return desired, launch.ranks[rank], port
 
     def notices_delivered(self, job_id: int, epoch: int) -> set[int]:
         """The notice ids delivered (or skipped) for a launch this node tracks."""
@@ -594,6 +742,12 @@ class Reconciler:
     def shutdown(self) -> None:
         """Stop every job process and wait for them (agent exit), then empty and delete
         every job cgroup."""
+        survivors = self.survivors
+        if survivors is not None:
+            survivors.kill_all()
+        with self._lock:
+            for key in self._launches:
+                adopt.disown(self.ctx.job_dir(*key))  # lost, not failed: never adopted later
         self.procs.stop_all(self.kill_grace_s())
         if self.confine is not None:
             self.confine.shutdown()

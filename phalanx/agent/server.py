@@ -1,7 +1,9 @@
-"""The agent's own HTTP API: health, rank logs, srun steps, fault injection (control-plane.md)."""
+"""The agent's own HTTP API: health, rank logs, srun steps, execs, fault injection
+(control-plane.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 from collections.abc import Callable
 from pathlib import Path
@@ -9,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from phalanx import __version__
 from phalanx.api.asgi import ApiVersion, BearerGate, BodyLimit, bearer_token
@@ -17,6 +19,7 @@ from phalanx.api.models import (
     MAX_INT32,
     MAX_INT64,
     ErrorBody,
+    ExecLaunch,
     FaultInjection,
     Health,
     LogChunk,
@@ -27,6 +30,7 @@ from phalanx.api.models import (
 )
 
 from . import logfiles
+from .execrun import ExecManager, ExecRefused
 from .gpus import FaultRejected
 from .headlink import HeadSeen
 from .logfiles import Stream
@@ -60,10 +64,12 @@ def create_app(
     steps: StepManager,
     inject: Callable[[FaultInjection], None] | None = None,
     head_seen: HeadSeen | None = None,
+    execs: ExecManager | None = None,
 ) -> FastAPI:
-    """The agent API. `secret` is the agent secret the head holds (log proxy, fault
+    """The agent API. `secret` is the agent secret the head holds (log proxy, execs, fault
     injection); srun inside a job uses that job's step token, which only opens that job.
-    `inject` records a fault on fake GPUs (FakeProvider.inject); None: real GPUs."""
+    `inject` records a fault on fake GPUs (FakeProvider.inject); None: real GPUs.
+    `execs` runs `phalanx exec` commands (None: this agent serves none)."""
     app = FastAPI(title="Phalanx agent", version=__version__, responses=_COMMON)
 
     @app.exception_handler(RequestValidationError)
@@ -168,6 +174,32 @@ def create_app(
         status = steps.status(job_id, step_id)
         assert status is not None
         return status
+
+    @app.post(
+        "/v1/exec",
+        response_class=StreamingResponse,
+        responses={
+            200: {
+                "content": {"application/x-ndjson": {}},
+                "description": "one ExecFrame per line: output, keepalives, then the exit",
+            },
+            401: _ERRORS[401],
+            409: {"model": ErrorBody, "description": "the rank does not run on this node"},
+            429: {"model": ErrorBody, "description": "this node runs as many execs as it may"},
+        },
+    )
+    async def run_exec(req: ExecLaunch, authorization: Authorization = None) -> StreamingResponse:
+        """Run a command beside a running rank (`phalanx exec`, through the head only)."""
+        token = bearer_token(authorization)
+        if token is None or not hmac.compare_digest(token.encode(), secret.encode()):
+            raise HTTPException(401, "execs are started by the head, with the agent secret")
+        if execs is None:
+            raise HTTPException(409, "this agent runs no execs")
+        try:
+            run = await asyncio.to_thread(execs.start, req)  # forks: off the event loop
+        except ExecRefused as e:
+            raise HTTPException(e.status, e.detail) from None
+        return StreamingResponse(execs.frames(run), media_type="application/x-ndjson")
 
     @app.post(
         "/v1/faults",

@@ -21,6 +21,7 @@ from .stepplan import JobContext, NodeTasks, SrunError
 
 _MAX_STEP_TRIES = 50
 _POLL_MIN_S, _POLL_MAX_S = 0.05, 0.5
+_AGENT_AWAY_S = 30.0  # an agent unreachable this long (not restarting: gone) fails the step
 _STREAMS = ("stdout", "stderr")
 
 
@@ -217,12 +218,24 @@ class StepRun:
         body: object = None,
         params: dict[str, str | int] | None = None,
     ) -> Response:
-        try:
-            return self.client.request(method, node.agent_url + path, body=body, params=params)
-        except (OSError, http.client.HTTPException) as e:
-            raise SrunError(
-                f"cannot reach the agent of node {node.node} ({node.agent_url}): {e}"
-            ) from e
+        deadline = time.monotonic() + _AGENT_AWAY_S
+        delay = _POLL_MIN_S
+        while True:
+            try:
+                return self.client.request(method, node.agent_url + path, body=body, params=params)
+            except (OSError, http.client.HTTPException) as e:
+                # An agent restarting (an upgrade) is away for seconds, then serves again on
+                # the same port with this job's steps adopted: wait for it. A POST is sent
+                # again only if refused (it never reached the agent: no step started).
+                away = isinstance(e, ConnectionRefusedError) or (
+                    method != "POST" and isinstance(e, ConnectionError)
+                )
+                if not away or time.monotonic() > deadline:
+                    raise SrunError(
+                        f"cannot reach the agent of node {node.node} ({node.agent_url}): {e}"
+                    ) from e
+                time.sleep(delay)
+                delay = min(delay * 2, _POLL_MAX_S)
 
 
 def _check(r: Response, node: NodeTasks) -> None:

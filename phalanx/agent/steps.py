@@ -10,7 +10,7 @@ from pathlib import Path
 
 from phalanx.api.models import Assignment, StepLaunch, StepStatus, StepTaskStatus
 
-from . import leftovers, logfiles
+from . import adopt, leftovers, logfiles
 from .cgroups import JobCgroup
 from .env import step_env
 from .identity import Refused
@@ -60,6 +60,7 @@ class StepManager:
             user = run_as(a)
         except Refused as e:
             user, refused = None, launch_failed(e)
+        job_dir = self.ctx.job_dir(a.job_id, a.epoch)
         for task in req.tasks:
             out, err = logfiles.task_paths(
                 self.ctx.state_dir, a.job_id, a.epoch, req.step_id, task.task_id
@@ -75,7 +76,7 @@ class StepManager:
                 base={**self.ctx.base_env, **user.env()},
                 head_url=self.ctx.head_url,
                 bin_dir=self.ctx.bin_dir,
-                job_dir=self.ctx.job_dir(a.job_id, a.epoch),
+                job_dir=job_dir,
                 secrets=self.ctx.secrets,
                 head_ca_pem=self.ctx.head_ca_pem,
             )
@@ -89,13 +90,38 @@ class StepManager:
                 owner=(a.job_id, a.epoch),  # notices reach step tasks with the job's ranks
                 run_as=user,
                 cgroup=self.cgroup_of(a.job_id, a.epoch),  # confined with the job's ranks
+                status=adopt.status_path(job_dir, adopt.task_name(req.step_id, task.task_id)),
             )
             if state.pid is not None:
-                leftovers.record(self.ctx.job_dir(a.job_id, a.epoch), state.pid)
+                leftovers.record(job_dir, state.pid)
+                adopt.remember(
+                    job_dir,
+                    state,
+                    kind="task",
+                    job_id=a.job_id,
+                    epoch=a.epoch,
+                    rank=task.task_id,
+                    step_id=req.step_id,
+                    uid=user.uid,
+                )
         log.info("job %d: step %d started %d task(s)", a.job_id, req.step_id, len(req.tasks))
         status = self.status(req.job_id, req.step_id)
         assert status is not None
         return status
+
+    def adopt(self, a: Assignment, records: list[adopt.ProcRecord]) -> None:
+        """Take over the step tasks an earlier run of the agent started for launch `a` (its
+        ranks are adopted): srun inside the job goes on polling and stopping them here."""
+        steps: dict[int, list[int]] = {}
+        for r in records:
+            if r.kind == "task" and r.step_id is not None:
+                key = task_key(a.job_id, r.step_id, r.rank)
+                adopt.take_over(self.procs, key, r, self.ctx.state_dir)
+                steps.setdefault(r.step_id, []).append(r.rank)
+        with self._lock:
+            for step_id, tasks in steps.items():
+                step = _Step(a.job_id, a.epoch, step_id, tuple(sorted(tasks)))
+                self._steps[(a.job_id, step_id)] = step
 
     def status(self, job_id: int, step_id: int) -> StepStatus | None:
         """The tasks of a step and how they ended, or None if unknown here."""

@@ -9,7 +9,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    model_validator,
+)
 from pydantic_core import ErrorDetails
 
 from phalanx.api.states import JobStateCode
@@ -62,6 +70,21 @@ JobName = Annotated[str, StringConstraints(min_length=1, max_length=200), NoNul]
 Address = Annotated[str, StringConstraints(min_length=1, max_length=255), NoNul]
 Url = Annotated[str, StringConstraints(min_length=1, max_length=512), NoNul]
 Token = Annotated[str, StringConstraints(min_length=1, max_length=256), NoNul]
+
+
+# A webhook the head POSTs a job's notifications to: http(s) only, no blanks; which hosts
+# the head may reach is its admin's allow-list (head/notify.py), checked on submit.
+def _web_url(value: str) -> str:
+    scheme, sep, rest = value.partition("://")
+    blank = any(c <= " " or c == "\x7f" for c in value)  # spaces and control characters
+    if not sep or scheme.lower() not in ("http", "https") or not rest or blank:
+        raise ValueError("must be an http:// or https:// URL, without blanks")
+    return value
+
+
+NotifyUrl = Annotated[str, StringConstraints(max_length=2048), AfterValidator(_web_url)]
+# Slurm's --mail-type events a webhook can be told of (docs/jobspec.md#notifications).
+NotifyEvent = Literal["BEGIN", "END", "FAIL", "REQUEUE"]
 Pem = Annotated[str, StringConstraints(min_length=1, max_length=MAX_PEM), NoNul]
 # A user, team or account as the head knows it (it lands in the job's environment).
 Label = Annotated[str, StringConstraints(min_length=1, max_length=128), NoNul]
@@ -179,6 +202,38 @@ class JobSpec(Wire):
     preempt_signal: SignalName = "SIGUSR1"  # the preemption notice
     preempt_grace_s: Annotated[int, Field(ge=0, le=86400)] | None = None  # None: the head's
     hang_timeout_s: Annotated[int, Field(ge=0, le=7 * 86400)] | None = None  # 0: off
+    begin_time: UnixTime | None = None  # `--begin`: pending (BeginTime) until then
+    nodelist: list[Name] = Field(default=[], max_length=MAX_NODES)  # `-w`: only these nodes
+    # Job notifications (Slurm's --mail-user/--mail-type, as a webhook): the head POSTs a
+    # JobNotification to `notify_url` on each event of `notify_on` (None: END, which
+    # covers every end, failures included).
+    notify_url: NotifyUrl | None = None
+    notify_on: list[NotifyEvent] | None = Field(default=None, max_length=4)
+
+    @model_validator(mode="after")
+    def _notify_needs_url(self) -> JobSpec:
+        if self.notify_on is not None and self.notify_url is None:
+            raise ValueError("notify_on names events but notify_url is not set: where to post?")
+        return self
+
+
+class JobNotification(Lenient):
+    """What the head POSTs to a job's `notify_url` (JSON) on an event it asked for."""
+
+    event: NotifyEvent  # FAIL: it ended F, TO, NF or OOM; END: CD or CA
+    job_id: int
+    name: str
+    user: str
+    team: str
+    state: JobStateCode  # the state it moved to
+    exit_code: str | None  # "exit:signal" once it ended
+    reason: str | None  # why it ended or was requeued (reason code)
+    message: str  # the transition's sentence, as `phalanx show` prints it
+    epoch: int
+    restart_count: int
+    time: float  # unix seconds of the move
+    array_job_id: int | None = None
+    array_task_id: int | None = None
 
 
 class SubmitResponse(Lenient):
@@ -219,6 +274,12 @@ class JobInfo(Lenient):
     array_task_id: int | None
     placement: list[RankPlacement]  # empty unless allocated
     workdir: str
+    hold: Literal["user", "admin"] | None = None  # held (`phalanx hold`): who may release it
+    begin_time: float | None = None  # `--begin`: not before this (unix seconds)
+    # A requeued job's start_time is its latest run's: these span every run (from the
+    # typed job events). None: it never started.
+    first_start_time: UnixTime | None = None
+    run_time_s: Seconds | None = None  # time it held GPUs over all its runs, as of the answer
 
 
 class JobEvent(Lenient):
@@ -243,6 +304,17 @@ class JobProgress(Lenient):
     time: UnixTime
 
 
+class JobGpu(Lenient):
+    """One GPU a running job holds, as its node's agent last reported it."""
+
+    node: Annotated[str, StringConstraints(max_length=128)]
+    index: GpuIndex
+    utilization_pct: Measure | None = None
+    memory_used_mb: Count | None = None
+    memory_mb: Count | None = None  # the GPU's total memory
+    age_s: Seconds | None = None  # how old the reading is
+
+
 class JobDetail(Lenient):
     job: JobInfo
     spec: JobSpec = Field(
@@ -251,6 +323,8 @@ class JobDetail(Lenient):
     )
     events: list[JobEvent]
     progress: list[JobProgress] = []  # the latest report of each reporting rank (live jobs)
+    # The latest telemetry of each GPU the job holds (running jobs whose agents report it).
+    gpus: list[JobGpu] = Field(default=[], max_length=MAX_NODES * (MAX_GPUS_PER_NODE + 1))
     # The spec's `env` is shown only to the owner, team admins and admins (it may hold
     # secrets); a teammate gets `env` empty and this set.
     env_hidden: bool = False
@@ -266,6 +340,25 @@ class JobTable(Lenient):
 
     columns: list[str]
     rows: list[list[JsonValue]]
+
+
+# A job as users name it (Slurm's forms): `123` (a job; an array's id: every task of the
+# array), `123_4` (task 4 of array 123).
+JOB_REF_PATTERN = r"^[1-9][0-9]{0,9}(_[0-9]{1,7})?$"
+JobRef = Annotated[str, StringConstraints(max_length=18, pattern=JOB_REF_PATTERN)]
+
+
+class JobUpdate(Wire):
+    """`PATCH /v1/jobs/{job}` (`phalanx update`, like `scontrol update`): only the fields
+    sent change. A pending job: all of them; a running one: `time_limit_s` only. Users may
+    lower a time limit, only admins raise it (as Slurm); `qos` within the owner's
+    allowance; `priority` is for admins. `dependencies` replaces the job's (empty: none)."""
+
+    time_limit_s: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
+    qos: Name | None = None
+    priority: Annotated[int, Field(ge=0, le=1_000_000)] | None = None
+    dependencies: list[DependencySpec] | None = Field(default=None, max_length=64)
+    dependency_any: bool | None = None
 
 
 class CancelRequest(Wire):
@@ -316,6 +409,10 @@ class NodeInfo(Lenient):
     jobs: list[int]
     # How the node confines jobs: "cgroup-v1", "cgroup-v2 (…)" or "none: <reason>".
     confinement: str = "unknown"
+    # Each GPU's latest reading from the agent's heartbeats (empty until one arrives) and
+    # how old it is; kept in memory only.
+    gpu_telemetry: list[GpuTelemetry] = Field(default=[], max_length=MAX_GPUS_PER_NODE + 1)
+    telemetry_age_s: Seconds | None = None
 
 
 class NodeList(Lenient):
@@ -531,6 +628,7 @@ class UserInfo(Lenient):
     uid: int | None = None
     gid: int | None = None
     qos: list[str] | None = None  # QOS this user may use (None: the team's, else `normal`)
+    disabled: bool = False  # its tokens are refused (`phalanx admin user disable`)
 
 
 class UserUpdate(Wire):
@@ -628,8 +726,63 @@ class TeamList(Lenient):
     teams: list[TeamInfo]
 
 
+# ----------------------------------------------------------------------------- standing
+class PendingPriority(Lenient):
+    """One queued job's place in the scheduler's order and the numbers that put it there
+    (`phalanx priority`, like sprio)."""
+
+    rank: Annotated[int, Field(ge=1, le=MAX_INT32)]  # 1: considered first by the next cycle
+    job_id: JobId
+    user: Annotated[str, StringConstraints(max_length=128)]
+    team: Label
+    qos: Label
+    qos_priority: Annotated[int, Field(ge=0, le=MAX_INT32)]  # the QOS's class: higher first
+    fairshare: Annotated[float, Field(ge=0, le=1e18, allow_inf_nan=False)]  # lower first
+    age_s: Seconds  # since submission: older first among equals
+
+
+class PriorityList(Lenient):
+    policy: Label  # the ordering policy the head runs
+    order: Text  # what the policy orders by, in words
+    jobs: list[PendingPriority] = Field(max_length=1_000_000)
+
+
+class TeamShare(Lenient):
+    """A team's quota, use and fair-share standing as the scheduler sees them now
+    (`phalanx share`, like sshare)."""
+
+    team: Label
+    quota_gpus: Count | None  # None: no quota
+    cohort: Label | None
+    borrowing_limit: Count | None
+    share: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]  # fair-share weight
+    gpus_in_use: Count
+    borrowed_gpus: Count  # in use above its quota (lent by its cohort)
+    usage_gpu_h: Annotated[float, Field(ge=0, le=1e15, allow_inf_nan=False)]  # decayed
+    fairshare: Annotated[float, Field(ge=0, le=1e18, allow_inf_nan=False)]  # usage / share
+    pending_jobs: Count
+    pending_gpus: Count
+
+
+class ShareList(Lenient):
+    policy: Label
+    uses_fairshare: bool  # whether the policy orders teams by fair share at all
+    halflife_s: Seconds  # usage decays by half over this long
+    teams: list[TeamShare] = Field(max_length=100_000)
+
+
 class ErrorBody(Lenient):
     detail: str
+
+
+class NotifyCounts(Lenient):
+    """Webhook deliveries since the head started: posted (2xx), failed (every try, or a
+    URL no longer allowed) and dropped (the queue was full)."""
+
+    sent: Count = 0
+    failed: Count = 0
+    dropped: Count = 0
+    queued: Count = 0
 
 
 class Health(Lenient):
@@ -641,6 +794,58 @@ class Health(Lenient):
     # Unexpected exceptions the daemon's loops caught, logged and survived since it started
     # (agent: reconcile, heartbeat, health; head: the control loop).
     loop_errors: Count = 0
+    # Job notifications (head only; docs/control-plane.md#job-notifications).
+    notifications: NotifyCounts | None = None
+
+
+# ----------------------------------------------------------------------------- exec
+MAX_EXEC_ARGV_BYTES = 128 * 1024  # an exec's argv, all arguments together (UTF-8 bytes)
+MAX_EXEC_TIMEOUT_S = 3600
+DEFAULT_EXEC_TIMEOUT_S = 600
+MAX_EXEC_OUTPUT_BYTES = 16 * 1024 * 1024  # stdout + stderr an exec streams back
+
+
+def _argv_size(argv: list[str]) -> list[str]:
+    size = sum(len(a.encode()) + 1 for a in argv)
+    if size > MAX_EXEC_ARGV_BYTES:
+        raise ValueError(f"the command is {size} bytes; at most {MAX_EXEC_ARGV_BYTES} may be sent")
+    return argv
+
+
+ExecArgv = Annotated[list[Arg], Field(min_length=1, max_length=4096), AfterValidator(_argv_size)]
+
+
+class ExecRequest(Wire):
+    """`POST /v1/jobs/{id}/exec` (`phalanx exec`): run `argv` beside rank `rank`, as the
+    job's user, in its cgroup, with the rank's environment and working directory."""
+
+    argv: ExecArgv
+    rank: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    timeout_s: Annotated[int, Field(ge=1, le=MAX_EXEC_TIMEOUT_S)] = DEFAULT_EXEC_TIMEOUT_S
+
+
+class ExecLaunch(Lenient):
+    """The head asks the rank's agent to run an exec (`POST /v1/exec`, agent secret)."""
+
+    job_id: JobId
+    epoch: Count
+    rank: Count
+    argv: ExecArgv
+    timeout_s: Annotated[int, Field(ge=1, le=MAX_EXEC_TIMEOUT_S)]
+    max_output_bytes: Annotated[int, Field(ge=1, le=MAX_EXEC_OUTPUT_BYTES)] = MAX_EXEC_OUTPUT_BYTES
+
+
+class ExecFrame(Lenient):
+    """One line of an exec's answer (NDJSON, streamed agent → head → client): output as it
+    comes, a keepalive while there is none, and last the exit."""
+
+    kind: Literal["stdout", "stderr", "keepalive", "exit"]
+    data: str = ""
+    exit_code: int | None = None  # `exit`: the command's code (None: killed by `signal`)
+    signal: int | None = None
+    timed_out: bool = False  # `exit`: killed at the request's timeout_s
+    truncated: bool = False  # `exit`: killed once its output passed the limit
+    message: str | None = None  # `exit`: why it ended early, in words
 
 
 # ----------------------------------------------------------------------------- srun steps

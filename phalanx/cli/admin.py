@@ -6,22 +6,30 @@ from typing import Annotated, Literal
 
 import typer
 
+from phalanx.cli import retire
 from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
 from phalanx.cli.output import console, fail, print_json
 from phalanx.cli.tokens import join_app, token_app
 
 admin = typer.Typer(
-    help="Manage users, tokens, join tokens and teams; inject GPU faults (admin).",
+    help="Manage users, tokens, join tokens, teams and nodes; inject GPU faults; recover "
+    "admin access (admin).",
     no_args_is_help=True,
 )
-user_app = typer.Typer(help="Users.", no_args_is_help=True)
-team_app = typer.Typer(help="Teams: GPU quota, cohort, borrowing, fair-share weight, QOS.")
-node_app = typer.Typer(help="Nodes: replace one (free its name for a new node).")
+user_app = typer.Typer(help="Users: add, set, list, disable, enable, delete.", no_args_is_help=True)
+team_app = typer.Typer(help="Teams: GPU quota, cohort, borrowing, fair-share weight, QOS; delete.")
+node_app = typer.Typer(help="Nodes: replace one (free its name), remove a dead one.")
 admin.add_typer(user_app, name="user")
 admin.add_typer(token_app, name="token")
 admin.add_typer(join_app, name="join-token")
 admin.add_typer(team_app, name="team", no_args_is_help=True)
 admin.add_typer(node_app, name="node", no_args_is_help=True)
+user_app.command("disable")(retire.user_disable)
+user_app.command("enable")(retire.user_enable)
+user_app.command("delete")(retire.user_delete)
+team_app.command("delete")(retire.team_delete)
+node_app.command("remove")(retire.node_remove)
+admin.command("recover")(retire.recover)
 
 QosOpt = Annotated[
     str | None,
@@ -191,7 +199,8 @@ def user_list(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt =
         print_json(users)
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in ("NAME", "ADMIN", "TEAMS", "TEAM-ADMIN", "DEFAULT-TEAM", "UNIX", "QOS"):
+    columns = ("NAME", "ADMIN", "TEAMS", "TEAM-ADMIN", "DEFAULT-TEAM", "UNIX", "QOS", "STATUS")
+    for column in columns:
         table.add_column(column)
     for u in users.users:
         table.add_row(
@@ -202,6 +211,7 @@ def user_list(json_out: JsonOpt = False, head: HeadOpt = None, token: TokenOpt =
             u.default_team or "",
             _unix(u.uid, u.gid),
             ",".join(u.qos) if u.qos is not None else "",
+            "disabled" if u.disabled else "",
         )
     console().print(table)
 

@@ -36,6 +36,19 @@ TokenOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")]
 
+# The client context chosen for this invocation (`phalanx --context NAME …`, also accepted
+# after the command name); set by the root command before any command runs.
+_selected_context: list[str | None] = [None]
+
+
+def select_context(name: str | None) -> None:
+    """Use client context `name` (None: $PHALANX_CONTEXT, else the one in use)."""
+    _selected_context[0] = name
+
+
+def selected_context() -> str | None:
+    return _selected_context[0]
+
 
 def read_token_file(path: str) -> str:
     """The token in `path` (its first line), or a one-line failure."""
@@ -57,7 +70,11 @@ def connect(head: str | None, token_file: str | None) -> Iterator[PhalanxClient]
     from phalanx.client.config import ConfigError, resolve
 
     try:
-        config = resolve(head, read_token_file(token_file) if token_file else None)
+        config = resolve(
+            head,
+            read_token_file(token_file) if token_file else None,
+            context=selected_context(),
+        )
         with PhalanxClient(config.head, config.token, ca=config.ca) as client:
             yield client
     except (ApiError, ConfigError) as exc:

@@ -22,8 +22,40 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# Root options also accepted after the command name (`phalanx queue --context prod`).
+HOISTED_OPTIONS = ("--context",)
+
+
+def hoist_root_options(args: list[str]) -> list[str]:
+    """`args` with each HOISTED_OPTIONS option and its value moved to the front, where the
+    root command parses it; nothing after `--` (a job's own arguments) is touched."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest.extend(args[i:])
+            break
+        if arg in HOISTED_OPTIONS and i + 1 < len(args):
+            front += args[i : i + 2]
+            i += 2
+            continue
+        if any(arg.startswith(f"{name}=") for name in HOISTED_OPTIONS):
+            front.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
 class LazyGroup(TyperGroup):
-    """TyperGroup whose LAZY_COMMANDS are imported on first use (run or --help)."""
+    """TyperGroup whose LAZY_COMMANDS are imported on first use (run or --help), and whose
+    root options may also follow the command name."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        result: list[str] = super().parse_args(ctx, hoist_root_options(list(args)))
+        return result
 
     # `ctx` is Typer's bundled click Context and the result its Command; Any avoids naming
     # Typer's private `_click` module.

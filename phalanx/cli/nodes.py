@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
-from phalanx.cli.output import console, fail, print_json
+from phalanx.cli.output import console, fail, print_json, print_table
+
+if TYPE_CHECKING:
+    from phalanx.api.models import NodeList
 
 COLUMNS = (
     "NAME",
@@ -23,12 +26,19 @@ NODE_STYLE = {"up": "green", "draining": "yellow", "drain": "yellow", "down": "r
 
 
 def nodes(
+    long: Annotated[
+        bool,
+        typer.Option(
+            "--long", "-l", help="Also each GPU's utilisation and memory in use, as last reported."
+        ),
+    ] = False,
     json_out: JsonOpt = False,
     head: HeadOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """List nodes: state, GPUs in use, model, heartbeat age, jobs, how jobs are confined
-    (cgroups, or none and why), like sinfo -N."""
+    (cgroups, or none and why), like sinfo -N. With -l, one line per GPU: its utilisation,
+    memory in use, temperature and power from the agent's last heartbeat."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -36,6 +46,9 @@ def nodes(
         listed = client.nodes()
     if json_out:
         print_json(listed)
+        return
+    if long:
+        _gpus(listed)
         return
     table = Table(box=None, pad_edge=False, header_style="bold")
     for column in COLUMNS:
@@ -55,6 +68,37 @@ def nodes(
             escape(node.reason or ""),
         )
     console().print(table)
+
+
+GPU_COLUMNS = ("NODE", "STATE", "GPU", "MODEL", "UTIL", "MEM(USED/TOTAL)", "TEMP", "POWER", "AGE")
+
+
+def _gpus(listed: NodeList) -> None:
+    """`nodes -l`: one row per GPU, as its agent last reported it ('-': no reading)."""
+    rows = []
+    for node in listed.nodes:
+        readings = {g.index: g for g in node.gpu_telemetry}
+        age = "-" if node.telemetry_age_s is None else f"{node.telemetry_age_s:.1f}s"
+        for gpu in node.gpus:
+            r = readings.get(gpu.index)
+            util = None if r is None else r.utilization_pct
+            used = None if r is None else r.memory_used_mb
+            temp = None if r is None else r.temperature_c
+            power = None if r is None else r.power_w
+            rows.append(
+                [
+                    node.name,
+                    node.state,
+                    str(gpu.index),
+                    gpu.model,
+                    "-" if util is None else f"{util:.0f}%",
+                    f"{'-' if used is None else f'{used / 1024:.1f}'}/{gpu.memory_mb / 1024:.1f}G",
+                    "-" if temp is None else f"{temp:.0f}C",
+                    "-" if power is None else f"{power:.0f}W",
+                    age,
+                ]
+            )
+    print_table([(c, c in ("GPU", "UTIL", "TEMP", "POWER")) for c in GPU_COLUMNS], rows)
 
 
 def drain(

@@ -115,6 +115,33 @@ def exit_status(state: str, exit_code: str | None) -> int:
 
 # Rich lays a table out cell by cell: fine for a screenful, seconds for 10,000 rows.
 RICH_ROWS_MAX = 300
+# Control characters a name may hold (a tab, a newline) written as escapes, so one row
+# stays one line when piped to grep or awk.
+_CONTROL = {i: f"\\x{i:02x}" for i in [*range(0x20), 0x7F]} | {
+    0x09: "\\t",
+    0x0A: "\\n",
+    0x0D: "\\r",
+}
+
+
+def cell(value: str) -> str:
+    """`value` with control characters escaped (`\\t`, `\\n`, `\\x1b`): one line, no
+    terminal escapes."""
+    return value.translate(_CONTROL) if not value.isprintable() else value
+
+
+def clip(value: str, width: int) -> str:
+    """`value` cut to `width` terminal cells with a trailing `…` (0: never cut); wide
+    characters (CJK) count as two cells, as a terminal shows them."""
+    if width <= 0 or len(value) <= width // 2:  # fits however wide its characters are
+        return value
+    if value.isascii():
+        return value if len(value) <= width else value[: width - 1] + "…"
+    from rich.cells import cell_len, set_cell_size
+
+    if cell_len(value) <= width:
+        return value
+    return set_cell_size(value, width - 1) + "…"
 
 
 def print_table(
@@ -127,13 +154,14 @@ def print_table(
     A Rich table (with `styles`: column → value → style) for small listings on a terminal;
     plain fixed-width text otherwise, which stays fast at 10,000+ rows.
     """
+    rows = [[cell(value) for value in row] for row in rows]
     if len(rows) <= RICH_ROWS_MAX and sys.stdout.isatty():
         from rich.markup import escape
         from rich.table import Table
 
         table = Table(box=None, pad_edge=False, header_style="bold")
         for title, right in columns:
-            table.add_column(title, justify="right" if right else "left")
+            table.add_column(title, justify="right" if right else "left", no_wrap=True)
         for row in rows:
             cells = []
             for i, value in enumerate(row):
@@ -142,20 +170,26 @@ def print_table(
             table.add_row(*cells)
         console().print(table)
         return
-    widths = [len(title) for title, _ in columns]
+    # Widths in terminal cells, not characters: a CJK character takes two.
+    from rich.cells import cell_len as rich_cell_len
+
+    def cell_len(value: str) -> int:
+        return len(value) if value.isascii() else rich_cell_len(value)
+
+    widths = [cell_len(title) for title, _ in columns]
     for row in rows:
         for i, value in enumerate(row):
-            if len(value) > widths[i]:
-                widths[i] = len(value)
+            widths[i] = max(widths[i], cell_len(value))
     last = len(columns) - 1
 
     def line(values: list[str]) -> str:
         parts = []
         for i, value in enumerate(values):
+            pad = " " * (widths[i] - cell_len(value))
             if columns[i][1]:
-                parts.append(value.rjust(widths[i]))
+                parts.append(pad + value)
             else:
-                parts.append(value if i == last else value.ljust(widths[i]))
+                parts.append(value if i == last else value + pad)
         return "  ".join(parts)
 
     out = [line([title for title, _ in columns])]

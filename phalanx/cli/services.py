@@ -152,6 +152,15 @@ def head(
             "this long when their peers confirm the head is out (0: fence at the lease).",
         ),
     ] = 720.0,
+    notify_allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Where job notifications (--notify-url) may be posted: a host (any http(s) "
+            "URL to it) or a URL prefix (https://hooks.example.com/phalanx); repeatable; "
+            "`none`: nowhere. Default: this machine only (127.0.0.1, localhost, [::1]).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the head: REST API, scheduler and state (blocks; Ctrl-C stops it).
 
@@ -161,6 +170,7 @@ def head(
     """
     from phalanx.cli.ttl import parse_ttl
     from phalanx.head.mirror import Settings
+    from phalanx.head.notify import DEFAULT_ALLOW, allow_entries
     from phalanx.head.server import serve
 
     if lease < 3 * heartbeat:
@@ -168,6 +178,7 @@ def head(
     try:
         api_ttl = parse_ttl("--token-ttl", token_ttl, allow_never=True)
         join_ttl = parse_ttl("--join-token-ttl", join_token_ttl, allow_never=True)
+        allow = allow_entries(notify_allow) if notify_allow else DEFAULT_ALLOW
     except ValueError as exc:
         fail(str(exc))
     settings = Settings(
@@ -183,6 +194,7 @@ def head(
         max_queued_per_user=max_queued_per_user,
         max_spec_bytes=max_spec_bytes,
         max_outage_s=max_outage,
+        notify_allow=allow,
     )
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -337,7 +349,14 @@ def agent(
     ] = 720.0,
 ) -> None:
     """Run an agent on this server: join the head, run the jobs it assigns (blocks)."""
+    import logging
+
     from phalanx.agent.main import AgentConfig, AgentError, run_agent
+
+    # Timestamped lines (its joining, outages, fencing); without this only warnings showed,
+    # without a time. httpx would log every heartbeat at INFO.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
     join_token = _join_token(token, token_file)
     node_name = name or socket.gethostname()
@@ -410,7 +429,13 @@ def up(
         typer.Option(help="Where the head and agents keep their state and logs.", file_okay=False),
     ] = Path("phalanx-state"),
     port: Annotated[
-        int, typer.Option(min=0, max=65535, help="Head port (0: any free one).")
+        int,
+        typer.Option(
+            min=0,
+            max=65535,
+            envvar="PHALANX_UP_PORT",
+            help="Head port (0: any free one; default also from $PHALANX_UP_PORT).",
+        ),
     ] = 8265,
     db: Annotated[
         str | None,
@@ -420,11 +445,24 @@ def up(
 ) -> None:
     """Start a head and local agents with fake GPUs, and point the client at them.
 
-    Runs until Ctrl-C, then stops every process it started.
-    """
-    from phalanx.client.config import save
-    from phalanx.local.cluster import ClusterError, LocalCluster
+    Runs until Ctrl-C, then stops every process it started. While it runs, a process that
+    dies does not stop the cluster: a dead agent is a failed node (its jobs are requeued on
+    other nodes; `phalanx local start-node NODE` starts it again) and a dead head is
+    restarted on the same state (running jobs go on). `phalanx local kill-node NODE`,
+    `kill-head` and `add-node` try that on purpose; `phalanx local ps` lists the processes.
 
+    The client config gets (or updates) a context named "local" (`--context NAME`: that
+    name) and uses it; other contexts in it are kept.
+    """
+    from phalanx.cli.connect import selected_context
+    from phalanx.client.config import ConfigError, check_context_name, save_context
+    from phalanx.local.cluster import ClusterError, LocalCluster
+    from phalanx.local.supervisor import Supervisor
+
+    try:
+        context = check_context_name(selected_context() or "local")
+    except ConfigError as exc:
+        fail(str(exc))
     signal.signal(signal.SIGTERM, _interrupt)
     # A shell starts background jobs with SIGINT ignored; `up` must still stop on it.
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -436,7 +474,8 @@ def up(
         port=port or None,
         db_url=db,
     )
-    typer.echo(f"starting a head and {nodes} agents (state in {cluster.state_dir}) …")
+    agents = "1 agent" if nodes == 1 else f"{nodes} agents"
+    typer.echo(f"starting a head and {agents} (state in {cluster.state_dir}) …")
     try:
         cluster.start()
     except ClusterError as exc:
@@ -444,31 +483,42 @@ def up(
     except KeyboardInterrupt:
         typer.echo("stopped")
         return
+    supervisor = Supervisor(cluster, _say)
     try:
+        supervisor.publish()  # `phalanx local …` works as soon as the banner says it is up
         ca = str(cluster.ca_file) if cluster.ca_file else None
-        config = save(cluster.url, cluster.admin_token, ca=ca)
+        config = save_context(context, cluster.url, cluster.admin_token, ca=ca)
         typer.echo(
             f"Phalanx is up: head {cluster.url}, {nodes} nodes × {gpus_per_node} "
             f"fake {gpu_model} GPUs\n"
+            f"{supervisor.describe()}\n"
             f"  admin token:   {cluster.admin_token_file}\n"
-            f"  client config: {config} (phalanx commands now use this cluster)\n"
-            f"  logs:          {cluster.log_dir}\n"
+            f"  client config: {config}, context {context!r} (phalanx commands now use "
+            "this cluster)\n"
             "Try:\n"
             "  phalanx nodes\n"
             f"  phalanx submit -N {nodes} --gpus-per-node {gpus_per_node} --wait -- "
             "python -c \"import os; print('rank', os.environ['RANK'])\"\n"
             "  phalanx queue;  phalanx history;  phalanx logs JOBID\n"
+            "  phalanx local kill-node 127.0.0.3   # a node failure: its jobs move\n"
             "Ctrl-C stops everything."
         )
         while True:
             time.sleep(0.5)
-            cluster.check()
+            supervisor.step()
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup
         typer.echo("stopping …")
     except ClusterError as exc:
+        supervisor.stop()
         cluster.stop()
         fail(str(exc), code=1)
     finally:
+        supervisor.stop()
         cluster.stop()
     typer.echo("stopped")
+
+
+def _say(message: str) -> None:
+    """A line of `up`'s running commentary, with the time (it runs for hours)."""
+    typer.echo(f"{time.strftime('%H:%M:%S')} {message}")

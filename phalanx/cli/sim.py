@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -32,6 +33,26 @@ def _date(value: str | None, flag: str) -> datetime | None:
         raise typer.BadParameter(
             f"{value!r} is not a date (YYYY-MM-DD[ HH:MM:SS])", param_hint=flag
         ) from None
+
+
+def _plots_folder(path: Path) -> Path:
+    """Make sure plots can be written into `path` (created if missing) before simulating:
+    a long run must not end in a traceback over a typo in --plots."""
+
+    def refuse(why: str) -> NoReturn:
+        typer.echo(f"error: --plots {path}: cannot write plots there ({why})", err=True)
+        raise typer.Exit(2)
+
+    if path.exists() and not path.is_dir():
+        refuse("it exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        # A real write, not os.access: root ignores permission bits, not read-only mounts.
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        refuse(exc.strerror or str(exc))
+    return path
 
 
 def _load(
@@ -185,6 +206,8 @@ def sim(
     if scenario.jobs == 0:
         err.print("[red]error:[/red] the workload has no jobs (check --start/--end and --vc-nodes)")
         raise typer.Exit(2)
+    if plots is not None:
+        plots = _plots_folder(plots)
 
     failures = FailureModel(
         mtbf_gpu_hours, repair, checkpoint_interval, checkpoint_cost, restart_cost, seed
@@ -206,13 +229,20 @@ def sim(
     )
     outcomes = run(scenario, configs, workers, report=lambda line: err.print(f"  done: {line}"))
     summaries = {label: o.summary for label, o in outcomes.items()}
-    if plots is not None:
-        paths = plot_all({label: o.results for label, o in outcomes.items()}, plots)
-        err.print("plots: " + ", ".join(str(p) for p in paths))
+    # The results first: a plotting error (a full disk, a file in the way) must not lose them.
     table = summary_table(summaries, f"Phalanx simulation — {scenario.description}")
     if json_out:
         err.print(table)
         payload = summaries[policies[0]] if len(policies) == 1 else {"policies": summaries}
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+        sys.stdout.flush()
     else:
         Console().print(table)
+    if plots is not None:
+        try:
+            paths = plot_all({label: o.results for label, o in outcomes.items()}, plots)
+        except (OSError, ValueError) as exc:
+            detail = f"{exc.strerror}: {exc.filename}" if isinstance(exc, OSError) else exc
+            typer.echo(f"error: plots not written ({detail}); the results above stand", err=True)
+            raise typer.Exit(1) from None
+        err.print("plots: " + ", ".join(str(p) for p in paths))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -12,11 +11,11 @@ import typer
 from typer.core import TyperCommand
 
 from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
-from phalanx.cli.output import TERMINAL_STATES, duration, elapsed, exit_status, fail, warn
+from phalanx.cli.output import fail, warn
+from phalanx.cli.waiting import wait_for_jobs
 
 if TYPE_CHECKING:
-    from phalanx.api.models import JobInfo, JobSpec
-    from phalanx.client.api import PhalanxClient
+    from phalanx.api.models import JobSpec
 
 _COMMAND_KEY = "phalanx.submit.command"
 
@@ -32,8 +31,10 @@ class SubmitCommand(TyperCommand):
         return super().parse_args(ctx, args)
 
 
-def _opt(*names: str, help: str) -> Any:
-    return typer.Option(*names, help=help, show_default=False)
+def _opt(*names: str, help: str, metavar: str) -> Any:
+    # Every value is read as text (phalanx.jobspec parses it, with messages naming the
+    # flag); `metavar` says in --help what kind of value it is, e.g. INTEGER, not <str>.
+    return typer.Option(*names, help=help, metavar=metavar, show_default=False)
 
 
 def submit(
@@ -46,61 +47,110 @@ def submit(
             show_default=False,
         ),
     ] = None,
-    job_name: Annotated[str | None, _opt("--job-name", "-J", help="Job name.")] = None,
-    nodes: Annotated[str | None, _opt("--nodes", "-N", help="Number of nodes.")] = None,
-    ntasks: Annotated[str | None, _opt("--ntasks", "-n", help="Total tasks (ranks).")] = None,
-    ntasks_per_node: Annotated[
-        str | None, _opt("--ntasks-per-node", help="Tasks per node.")
+    job_name: Annotated[
+        str | None, _opt("--job-name", "-J", help="Job name.", metavar="NAME")
     ] = None,
-    gres: Annotated[str | None, _opt("--gres", help="GPUs per node: gpu[:TYPE]:N.")] = None,
-    gpus: Annotated[str | None, _opt("--gpus", "-G", help="GPUs in total: [TYPE:]N.")] = None,
+    nodes: Annotated[
+        str | None, _opt("--nodes", "-N", help="Number of nodes.", metavar="INTEGER")
+    ] = None,
+    ntasks: Annotated[
+        str | None, _opt("--ntasks", "-n", help="Total tasks (ranks).", metavar="INTEGER")
+    ] = None,
+    ntasks_per_node: Annotated[
+        str | None, _opt("--ntasks-per-node", help="Tasks per node.", metavar="INTEGER")
+    ] = None,
+    gres: Annotated[
+        str | None, _opt("--gres", help="GPUs per node: gpu[:TYPE]:N.", metavar="GRES")
+    ] = None,
+    gpus: Annotated[
+        str | None, _opt("--gpus", "-G", help="GPUs in total: [TYPE:]N.", metavar="[TYPE:]INTEGER")
+    ] = None,
     gpus_per_node: Annotated[
-        str | None, _opt("--gpus-per-node", help="GPUs per node: [TYPE:]N.")
+        str | None,
+        _opt("--gpus-per-node", help="GPUs per node: [TYPE:]N.", metavar="[TYPE:]INTEGER"),
     ] = None,
     gpus_per_task: Annotated[
-        str | None, _opt("--gpus-per-task", help="GPUs per task: [TYPE:]N.")
+        str | None,
+        _opt("--gpus-per-task", help="GPUs per task: [TYPE:]N.", metavar="[TYPE:]INTEGER"),
     ] = None,
     cpus_per_task: Annotated[
-        str | None, _opt("--cpus-per-task", "-c", help="CPUs per task.")
+        str | None, _opt("--cpus-per-task", "-c", help="CPUs per task.", metavar="INTEGER")
     ] = None,
-    mem: Annotated[str | None, _opt("--mem", help="Memory per node, e.g. 64G.")] = None,
+    mem: Annotated[
+        str | None, _opt("--mem", help="Memory per node, e.g. 64G.", metavar="SIZE")
+    ] = None,
     time_limit: Annotated[
-        str | None, _opt("--time", "-t", help="Time limit: MM, HH:MM:SS, D-HH:MM.")
+        str | None, _opt("--time", "-t", help="Time limit: MM, HH:MM:SS, D-HH:MM.", metavar="TIME")
     ] = None,
-    partition: Annotated[str | None, _opt("--partition", "-p", help="Team to run as.")] = None,
-    qos: Annotated[str | None, _opt("--qos", "-q", help="low, normal or high.")] = None,
-    account: Annotated[str | None, _opt("--account", "-A", help="Account (recorded).")] = None,
-    output: Annotated[str | None, _opt("--output", "-o", help="stdout file pattern.")] = None,
-    error: Annotated[str | None, _opt("--error", "-e", help="stderr file pattern.")] = None,
+    partition: Annotated[
+        str | None, _opt("--partition", "-p", help="Team to run as.", metavar="TEAM")
+    ] = None,
+    qos: Annotated[
+        str | None, _opt("--qos", "-q", help="low, normal or high.", metavar="QOS")
+    ] = None,
+    account: Annotated[
+        str | None, _opt("--account", "-A", help="Account (recorded).", metavar="ACCOUNT")
+    ] = None,
+    output: Annotated[
+        str | None, _opt("--output", "-o", help="stdout file pattern.", metavar="PATTERN")
+    ] = None,
+    error: Annotated[
+        str | None, _opt("--error", "-e", help="stderr file pattern.", metavar="PATTERN")
+    ] = None,
     dependency: Annotated[
-        str | None, _opt("--dependency", "-d", help="e.g. afterok:12:13.")
+        str | None, _opt("--dependency", "-d", help="e.g. afterok:12:13.", metavar="DEPENDENCY")
     ] = None,
-    array: Annotated[str | None, _opt("--array", "-a", help="Array indices, e.g. 0-15%4.")] = None,
+    array: Annotated[
+        str | None, _opt("--array", "-a", help="Array indices, e.g. 0-15%4.", metavar="INDICES")
+    ] = None,
     requeue: Annotated[
         bool | None,
         typer.Option("--requeue/--no-requeue", help="Requeue after node failure or preemption."),
     ] = None,
     signal: Annotated[
-        str | None, _opt("--signal", help="[{R|B}:]SIG[@SECONDS] before the time limit.")
+        str | None,
+        _opt("--signal", help="[{R|B}:]SIG\\[@SECONDS] before the time limit.", metavar="SIGNAL"),
     ] = None,
     exclusive: Annotated[
         bool | None,
         typer.Option("--exclusive/--oversubscribe", help="Whole nodes only for this job."),
     ] = None,
     launcher: Annotated[
-        str | None, _opt("--launcher", help="torchrun (one process per GPU), node or batch.")
+        str | None,
+        _opt(
+            "--launcher", help="torchrun (one process per GPU), node or batch.", metavar="LAUNCHER"
+        ),
     ] = None,
     workdir: Annotated[
         str | None,
-        _opt("--workdir", "--chdir", "-D", help="Working directory (default: the current one)."),
+        _opt(
+            "--workdir",
+            "--chdir",
+            "-D",
+            help="Working directory (default: the current one).",
+            metavar="DIR",
+        ),
     ] = None,
     export: Annotated[
-        str | None, _opt("--export", help="Environment to pass: ALL, NONE or VAR[=VALUE],…")
+        str | None,
+        _opt("--export", help="Environment to pass: ALL, NONE or VAR[=VALUE],…", metavar="VARS"),
     ] = None,
-    constraint: Annotated[str | None, _opt("--constraint", "-C", help="GPU model.")] = None,
-    exclude: Annotated[str | None, _opt("--exclude", "-x", help="Nodes to avoid.")] = None,
+    constraint: Annotated[
+        str | None, _opt("--constraint", "-C", help="GPU model.", metavar="MODEL")
+    ] = None,
+    exclude: Annotated[
+        str | None, _opt("--exclude", "-x", help="Nodes to avoid.", metavar="NODES")
+    ] = None,
+    nodelist: Annotated[
+        str | None,
+        _opt("--nodelist", "-w", help="Run only on these nodes, e.g. n[1-3].", metavar="NODES"),
+    ] = None,
+    begin: Annotated[
+        str | None,
+        _opt("--begin", "-b", help="Not before: now+1h, 16:00, 2026-12-01T09:00.", metavar="TIME"),
+    ] = None,
     max_restarts: Annotated[
-        str | None, _opt("--max-restarts", help="Restarts after failures.")
+        str | None, _opt("--max-restarts", help="Restarts after failures.", metavar="INTEGER")
     ] = None,
     restart_on_failure: Annotated[
         bool | None,
@@ -111,18 +161,53 @@ def submit(
     ] = None,
     checkpoint_dir: Annotated[
         str | None,
-        _opt("--checkpoint-dir", help="Checkpoints, kept across restarts; relative to -D."),
+        _opt(
+            "--checkpoint-dir",
+            help="Checkpoints, kept across restarts; relative to -D.",
+            metavar="DIR",
+        ),
     ] = None,
     preempt_signal: Annotated[
-        str | None, _opt("--preempt-signal", help="Preemption notice signal (default USR1).")
+        str | None,
+        _opt("--preempt-signal", help="Preemption notice signal (default USR1).", metavar="SIGNAL"),
     ] = None,
     preempt_grace: Annotated[
         str | None,
-        _opt("--preempt-grace", help="Notice to kill: seconds or H:MM:SS (default 60)."),
+        _opt(
+            "--preempt-grace",
+            help="Notice to kill: seconds or H:MM:SS (default 60).",
+            metavar="TIME",
+        ),
     ] = None,
     hang_timeout: Annotated[
         str | None,
-        _opt("--hang-timeout", help="Restart after this long without progress; 0: off."),
+        _opt(
+            "--hang-timeout",
+            help="Restart after this long without progress; 0: off.",
+            metavar="TIME",
+        ),
+    ] = None,
+    notify_url: Annotated[
+        str | None,
+        _opt(
+            "--notify-url",
+            help="Webhook the head POSTs job events to (JSON; see --mail-type).",
+            metavar="URL",
+        ),
+    ] = None,
+    mail_type: Annotated[
+        str | None,
+        _opt(
+            "--mail-type",
+            help="Events for --notify-url: BEGIN,END,FAIL,REQUEUE,ALL (END).",
+            metavar="EVENTS",
+        ),
+    ] = None,
+    mail_user: Annotated[
+        str | None,
+        _opt(
+            "--mail-user", help="An http(s) URL: as --notify-url (no mail is sent).", metavar="URL"
+        ),
     ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the parsed job spec; submit nothing.")
@@ -170,12 +255,17 @@ def submit(
         export=export,
         constraint=constraint,
         exclude=exclude,
+        nodelist=nodelist,
+        begin=begin,
         max_restarts=max_restarts,
         restart_on_failure=restart_on_failure,
         checkpoint_dir=checkpoint_dir,
         preempt_signal=preempt_signal,
         preempt_grace=preempt_grace,
         hang_timeout=hang_timeout,
+        notify_url=notify_url,
+        mail_type=mail_type,
+        mail_user=mail_user,
     )
     spec = _build(spec_file, command, cli_opts)
     if dry_run:
@@ -193,14 +283,21 @@ def submit(
             typer.echo(f"Submitted job {answer.job_ids[0]}")
         sys.stdout.flush()
         if wait:
-            raise typer.Exit(_wait(client, answer.job_ids))
+            raise typer.Exit(wait_for_jobs(client, answer.job_ids))
 
 
 def _build(spec_file: Path | None, command: list[str] | None, cli_opts: Any) -> JobSpec:
     """Parse whichever input was given into one JobSpec; bad input exits 2 with a message."""
     import dataclasses
 
-    from phalanx.jobspec import JobSpecError, build_spec, load_yaml, merge, parse_sbatch
+    from phalanx.jobspec import (
+        JobSpecError,
+        build_spec,
+        check_script,
+        load_yaml,
+        merge,
+        parse_sbatch,
+    )
 
     cwd, environ = os.getcwd(), dict(os.environ)
     try:
@@ -226,6 +323,7 @@ def _build(spec_file: Path | None, command: list[str] | None, cli_opts: Any) -> 
                     fail(f"{flags}: set these in {spec_file} (flags do not apply to a YAML spec)")
                 spec, warnings = load_yaml(text, cwd=cwd, environ=environ)
             else:
+                check_script(text)
                 script_opts, warnings = parse_sbatch(text)
                 spec, more = build_spec(
                     merge(script_opts, cli_opts),
@@ -241,6 +339,13 @@ def _build(spec_file: Path | None, command: list[str] | None, cli_opts: Any) -> 
         fail(f"{where}{exc}")
     for message in warnings:
         warn(message)
+    if not os.path.isdir(spec.workdir):
+        # Only a warning: the nodes may mount what this machine does not (sbatch, too,
+        # leaves it to the node). There the agent never creates it: the job fails.
+        warn(
+            f"working directory {spec.workdir} does not exist on this machine; "
+            "the job fails (LaunchFailed) unless it exists on its nodes"
+        )
     return spec
 
 
@@ -255,36 +360,3 @@ def _read(path: Path) -> str:
         fail(f"{path} is not a text file (a YAML spec or batch script is expected)")
     except OSError as exc:
         fail(f"cannot read {path}: {exc.strerror}")
-
-
-def _status_line(jobs: list[JobInfo], now: float) -> str:
-    job = jobs[0]
-    label = f"job {job.id}" if len(jobs) == 1 else f"{len(jobs)} jobs"
-    states = ",".join(sorted({j.state for j in jobs}))
-    reason = job.reason_message or job.reason
-    started = elapsed(job.start_time, job.end_time, now)
-    parts = [f"{label}: {states}", f"elapsed {duration(started or 0)}"]
-    if job.state == "PD" and reason:
-        parts.append(reason)
-    if job.exit_code and job.state in TERMINAL_STATES:
-        parts.append(f"exit {job.exit_code}")
-    return "  ".join(parts)
-
-
-def _wait(client: PhalanxClient, job_ids: list[int], poll_s: float = 0.5) -> int:
-    """Show a live status line until every job has ended; the exit status to end with."""
-    from rich.live import Live
-    from rich.text import Text
-
-    from phalanx.cli.output import console
-
-    err = console(stderr=True)
-    with Live(Text(""), console=err, transient=False, auto_refresh=False) as live:
-        while True:
-            infos = [client.job(job_id).job for job_id in job_ids]
-            live.update(Text(_status_line(infos, time.time())), refresh=True)
-            if all(j.state in TERMINAL_STATES for j in infos):
-                break
-            time.sleep(poll_s)
-    codes = [exit_status(j.state, j.exit_code) for j in infos]
-    return next((c for c in codes if c), 0)

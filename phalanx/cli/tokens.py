@@ -140,12 +140,21 @@ def token_list(
 @token_app.command("revoke")
 def token_revoke(
     token_id: Annotated[int, typer.Argument(help="Token id (see token list).", show_default=False)],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Revoke it even if it is the last working admin token (recover with "
+            "`phalanx admin recover --state-dir DIR` on the head's machine).",
+        ),
+    ] = False,
     head: HeadOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Revoke a token (yours; admins: any) and the tokens minted with it: at once."""
+    """Revoke a token (yours; admins: any) and the tokens minted with it: at once. The
+    last working admin token is kept unless --force."""
     with connect(head, token) as client:
-        client.revoke_token(token_id)
+        client.revoke_token(token_id, force)
     typer.echo(f"token {token_id} revoked")
 
 

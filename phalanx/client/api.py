@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import ssl
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
@@ -19,6 +20,8 @@ from phalanx.api import version
 from phalanx.api.models import (
     CancelRequest,
     DrainRequest,
+    ExecFrame,
+    ExecRequest,
     FaultInjection,
     Health,
     JobDetail,
@@ -26,10 +29,13 @@ from phalanx.api.models import (
     JobList,
     JobSpec,
     JobTable,
+    JobUpdate,
     JoinTokenCreate,
     LogChunk,
     NodeInfo,
     NodeList,
+    PriorityList,
+    ShareList,
     SubmitResponse,
     TeamInfo,
     TeamList,
@@ -57,23 +63,43 @@ _TRY_AGAIN = frozenset({502, 503, 504})
 # error) or the head refused it unread (503); a keyed submit is safe anyway.
 _RESENDABLE = frozenset({"GET", "HEAD", "PUT", "DELETE"})
 _FIRST_PAUSE_S = 0.1  # between submit attempts, doubling up to 2 s
+# A client that has never reached any head (a typo'd --head, a head not started) gives up
+# on a submit after this long, not after submit_retry_s: a head restart is over sooner.
+FIRST_CONTACT_RETRY_S = 3.0
 
 
 class ApiError(Exception):
     """A request to the head failed: `status` is the HTTP status (None when the head could
-    not be reached) and `detail` the server's explanation, ready to show to a user."""
+    not be reached) and `detail` the server's explanation, ready to show to a user.
+
+    The message is the detail alone: the head's details name the problem in words, and a
+    status code is noise to the person reading it. A server fault (5xx but 503, whose
+    detail says which head is the leader), which no detail explains, keeps its status."""
 
     def __init__(self, status: int | None, detail: str) -> None:
-        super().__init__(detail if status is None else f"{detail} (HTTP {status})")
+        server_fault = status is not None and status >= 500 and status != 503
+        super().__init__(f"the head failed (HTTP {status}): {detail}" if server_fault else detail)
         self.status = status
         self.detail = detail
 
 
 class HeadUnreachable(ApiError):
-    """No head answered (connection refused, timed out, or cut mid-answer): status None."""
+    """No head answered (connection refused, timed out, or cut mid-answer): status None.
+    `unknown_host`: no head's name could even be resolved (a typo, not an outage)."""
 
-    def __init__(self, detail: str) -> None:
+    def __init__(self, detail: str, unknown_host: bool = False) -> None:
         super().__init__(None, detail)
+        self.unknown_host = unknown_host
+
+
+def _unresolvable(exc: BaseException) -> bool:
+    """Whether a transport error is a failed name lookup (socket.gaierror underneath)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, socket.gaierror):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return "Name or service not known" in str(exc) or "nodename nor servname" in str(exc)
 
 
 def new_idempotency_key() -> str:
@@ -140,6 +166,7 @@ class PhalanxClient:
         self.urls = _head_urls(url)
         self.submit_retry_s = submit_retry_s
         self._current = 0
+        self.answered = False  # some head has answered this client (it exists, the URL is right)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         headers.update(version.headers())
         try:
@@ -185,6 +212,7 @@ class PhalanxClient:
         payload: Any = None if body is None else body.model_dump(mode="json", exclude_unset=sparse)
         resendable = resendable or method in _RESENDABLE
         problems: list[str] = []
+        unknown_hosts = 0
         refused: httpx.Response | None = None
         for step in range(len(self.urls)):
             index = (self._current + step) % len(self.urls)
@@ -202,11 +230,18 @@ class PhalanxClient:
                 if _untrusted(exc):  # a setting to fix, not an outage to wait out
                     msg = f"the head at {url} is not trusted: {exc}{_TLS_HINT}"
                     raise ApiError(None, msg) from None
-                problems.append(f"cannot reach head at {url}: {exc}")
+                if _unresolvable(exc):
+                    unknown_hosts += 1
+                    problems.append(
+                        f"cannot reach head at {url}: unknown host {exc.request.url.host!r}"
+                    )
+                else:
+                    problems.append(f"cannot reach head at {url}: {exc}")
                 if not (resendable or isinstance(exc, httpx.ConnectError)):
                     # It may have been received: sending it again could repeat it.
                     raise HeadUnreachable(problems[-1]) from None
                 continue
+            self.answered = True
             skew = version.mismatch(
                 response.headers.get(version.HEADER), me="client", them=f"head at {url}"
             )
@@ -221,7 +256,7 @@ class PhalanxClient:
             return response
         if refused is not None:
             raise ApiError(refused.status_code, _detail(refused))
-        raise HeadUnreachable("; ".join(problems))
+        raise HeadUnreachable("; ".join(problems), unknown_host=unknown_hosts == len(self.urls))
 
     def _call(
         self,
@@ -276,7 +311,8 @@ class PhalanxClient:
         """
         key = idempotency_key or new_idempotency_key()
         headers = {IDEMPOTENCY_HEADER: key}
-        deadline = time.monotonic() + self.submit_retry_s
+        started = time.monotonic()
+        deadline = started + self.submit_retry_s
         pause = _FIRST_PAUSE_S
         while True:
             try:
@@ -284,14 +320,19 @@ class PhalanxClient:
                     SubmitResponse, "POST", "/v1/jobs", body=spec, headers=headers, resendable=True
                 )
             except ApiError as exc:
-                again = isinstance(exc, HeadUnreachable) or exc.status in _TRY_AGAIN
+                unreachable = isinstance(exc, HeadUnreachable)
+                if isinstance(exc, HeadUnreachable) and exc.unknown_host:
+                    raise  # a name that does not resolve will not start to in seconds
+                if unreachable and not self.answered:
+                    deadline = min(deadline, started + FIRST_CONTACT_RETRY_S)
+                again = unreachable or exc.status in _TRY_AGAIN
                 if not again or time.monotonic() + pause > deadline:
                     raise
                 if pause == _FIRST_PAUSE_S:  # once per submit: the CLI shows it on stderr
                     log.warning(
                         "%s; trying the submit again for up to %.0fs (it will not run twice)",
                         exc.detail,
-                        self.submit_retry_s,
+                        deadline - started,
                     )
             time.sleep(pause)
             pause = min(pause * 2, 2.0)
@@ -306,9 +347,13 @@ class PhalanxClient:
         states: Iterable[str] | None = None,
         since: float | None = None,
         limit: int | None = None,
+        array: int | None = None,
     ) -> JobList:
-        """List jobs: `active=True` for the queue, `ended=True` (+ `since`) for history."""
+        """List jobs: `active=True` for the queue, `ended=True` (+ `since`) for history;
+        `array`: only that array's tasks."""
         params = _job_filters(active, ended, user, team, states, since, limit)
+        if array is not None:
+            params["array"] = array
         return self._call(JobList, "GET", "/v1/jobs", params=params)
 
     def job_table(
@@ -327,26 +372,88 @@ class PhalanxClient:
         params["format"] = "table"
         return self._call(JobTable, "GET", "/v1/jobs", params=params)
 
-    def job(self, job_id: int) -> JobDetail:
-        """One job: its state, spec and event log."""
-        return self._call(JobDetail, "GET", f"/v1/jobs/{job_id}")
+    def job(self, job: int | str) -> JobDetail:
+        """One job (`123`, or `"123_4"` for an array task): its state, spec and event log."""
+        return self._call(JobDetail, "GET", f"/v1/jobs/{_ref(job)}")
 
-    def cancel(self, job_id: int, signal: str | None = None) -> JobInfo:
-        """Cancel a job (or, with `signal`, only send it that signal, as `scancel -s`)."""
+    def cancel(self, job: int | str, signal: str | None = None) -> JobInfo:
+        """Cancel a job, an array task (`"123_4"`) or a whole array (its id); with `signal`,
+        only send it that signal, as `scancel -s`. Answers with the job named."""
         return self._call(
-            JobInfo, "POST", f"/v1/jobs/{job_id}/cancel", body=CancelRequest(signal=signal)
+            JobInfo, "POST", f"/v1/jobs/{_ref(job)}/cancel", body=CancelRequest(signal=signal)
         )
+
+    def hold(self, job: int | str) -> JobList:
+        """Keep pending jobs from starting (`scontrol hold`); the jobs held."""
+        return self._call(JobList, "POST", f"/v1/jobs/{_ref(job)}/hold")
+
+    def release(self, job: int | str) -> JobList:
+        """Let held jobs start (`scontrol release`); the jobs released."""
+        return self._call(JobList, "POST", f"/v1/jobs/{_ref(job)}/release")
+
+    def requeue(self, job: int | str) -> JobList:
+        """Stop running jobs and queue them again (`scontrol requeue`); the jobs requeued."""
+        return self._call(JobList, "POST", f"/v1/jobs/{_ref(job)}/requeue")
+
+    def update(self, job: int | str, change: JobUpdate) -> JobList:
+        """Change jobs' time limit, QOS, priority or dependencies (`scontrol update`)."""
+        return self._call(JobList, "PATCH", f"/v1/jobs/{_ref(job)}", body=change, sparse=True)
 
     def logs(
         self,
-        job_id: int,
+        job_id: int | str,
         rank: int = 0,
         stream: Literal["stdout", "stderr"] = "stdout",
         offset: int = 0,
     ) -> LogChunk:
         """A chunk of one rank's log from byte `offset` (the head proxies the agent)."""
         params = {"rank": rank, "stream": stream, "offset": offset}
-        return self._call(LogChunk, "GET", f"/v1/jobs/{job_id}/logs", params=params)
+        return self._call(LogChunk, "GET", f"/v1/jobs/{_ref(job_id)}/logs", params=params)
+
+    def priority(self) -> PriorityList:
+        """Queued jobs in the scheduler's order, with QOS priority, fair share and age."""
+        return self._call(PriorityList, "GET", "/v1/priority")
+
+    def shares(self) -> ShareList:
+        """Every team's quota, use and fair-share standing."""
+        return self._call(ShareList, "GET", "/v1/shares")
+
+    def exec(self, job_id: int, request: ExecRequest) -> Generator[ExecFrame, None, None]:
+        """Run a command beside a running rank (`phalanx exec`): its frames as they stream
+        in (output, keepalives; the last is `exit`). Sent once, to the head that answered
+        last (a command must not run twice). Closing the iterator early (Ctrl-C) closes the
+        stream, which kills the command. Raises ApiError when it is refused or cut off."""
+        url = f"{self.url}/v1/jobs/{job_id}/exec"
+        # The head relays a line at least every few seconds (keepalives): a minute of
+        # silence means the head or the path to it is gone.
+        timeout = httpx.Timeout(30.0, read=60.0)
+        try:
+            with self._http.stream(
+                "POST",
+                url,
+                content=request.model_dump_json(),
+                headers={"Content-Type": "application/json"},
+                timeout=timeout,
+            ) as response:
+                skew = version.mismatch(
+                    response.headers.get(version.HEADER), me="client", them=f"head at {self.url}"
+                )
+                if skew is not None:
+                    raise ApiError(response.status_code, skew)
+                if response.status_code >= 400:
+                    response.read()
+                    raise ApiError(response.status_code, _detail(response))
+                for line in response.iter_lines():
+                    if line.strip():
+                        yield _frame(line)
+        except httpx.TimeoutException:
+            raise HeadUnreachable(f"the head at {self.url} went silent during the exec") from None
+        except httpx.TransportError as exc:
+            if _untrusted(exc):
+                raise ApiError(
+                    None, f"the head at {self.url} is not trusted: {exc}{_TLS_HINT}"
+                ) from None
+            raise HeadUnreachable(f"lost the head at {self.url}: {exc}") from None
 
     # ------------------------------------------------------------------ nodes
     def nodes(self) -> NodeList:
@@ -396,10 +503,32 @@ class PhalanxClient:
         params = None if everyone else {"all": "false"}
         return self._call(TokenList, "GET", "/v1/tokens", params=params)
 
-    def revoke_token(self, token_id: int) -> None:
+    def revoke_token(self, token_id: int, force: bool = False) -> None:
         """Revoke a token by id (and those minted from it): it stops working at once (an
-        admin any, a user their own)."""
-        self._request("DELETE", f"/v1/tokens/{token_id}")
+        admin any, a user their own). The head refuses (409) to revoke the last working
+        admin token unless `force`."""
+        self._request("DELETE", f"/v1/tokens/{token_id}", params=_force(force))
+
+    def disable_user(self, name: str, force: bool = False) -> UserInfo:
+        """Disable a user: their tokens are refused at once (admin)."""
+        path = f"/v1/users/{quote(name, safe='')}/disable"
+        return self._call(UserInfo, "POST", path, params=_force(force))
+
+    def enable_user(self, name: str) -> UserInfo:
+        """Enable a disabled user again (admin)."""
+        return self._call(UserInfo, "POST", f"/v1/users/{quote(name, safe='')}/enable")
+
+    def delete_user(self, name: str, force: bool = False) -> None:
+        """Delete a user without live jobs; their tokens are revoked (admin)."""
+        self._request("DELETE", f"/v1/users/{quote(name, safe='')}", params=_force(force))
+
+    def delete_team(self, name: str) -> None:
+        """Delete a team without live jobs (admin)."""
+        self._request("DELETE", f"/v1/teams/{quote(name, safe='')}")
+
+    def remove_node(self, name: str) -> None:
+        """Forget a node that is down and holds no job (admin)."""
+        self._request("DELETE", f"/v1/nodes/{quote(name, safe='')}")
 
     def create_join_token(self, spec: JoinTokenCreate | None = None) -> TokenIssued:
         """Issue a token agents use to join the cluster (admin): single use or not, its
@@ -419,6 +548,17 @@ class PhalanxClient:
         return self._call(TeamInfo, "PUT", f"/v1/teams/{team.name}", body=team)
 
 
+def _force(force: bool) -> dict[str, str] | None:
+    return {"force": "true"} if force else None
+
+
+def _frame(line: str) -> ExecFrame:
+    try:
+        return ExecFrame.model_validate_json(line, extra="ignore")
+    except ValidationError:
+        raise ApiError(None, f"unexpected line in an exec's answer: {line[:100]!r}") from None
+
+
 def _head_urls(url: str | Sequence[str]) -> tuple[str, ...]:
     """Head URLs from one string (commas between several) or a list; ApiError if bad."""
     items = url.split(",") if isinstance(url, str) else list(url)
@@ -426,6 +566,13 @@ def _head_urls(url: str | Sequence[str]) -> tuple[str, ...]:
     if not urls or not all(urls):
         raise ApiError(None, f"invalid head URL {url!r}: expected URL or URL1,URL2,…")
     for one in urls:
+        authority = one.partition("://")[2].partition("/")[0]
+        if authority.startswith("[") and "]" not in authority:
+            raise ApiError(
+                None,
+                f"invalid head URL {one!r}: an IPv6 address needs its closing ']' "
+                "(e.g. https://[::1]:8265)",
+            )
         try:
             parsed = httpx.URL(one)
         except httpx.InvalidURL as exc:
@@ -433,6 +580,11 @@ def _head_urls(url: str | Sequence[str]) -> tuple[str, ...]:
         if parsed.scheme not in ("http", "https") or not parsed.host:
             raise ApiError(None, f"invalid head URL {one!r}: expected http(s)://HOST:PORT")
     return urls
+
+
+def _ref(job: int | str) -> str:
+    """A job as a path segment: `123` or `123_4` (anything else is refused by the head)."""
+    return quote(str(job), safe="")
 
 
 def _job_filters(

@@ -1,7 +1,7 @@
 """The scheduling core: pure functions and plain data (no I/O, no wall clock, no threads)."""
 
 from phalanx.core.apply import Applied, apply_decisions
-from phalanx.core.cycle import DEFAULT_CONFIG, SchedulerConfig, schedule
+from phalanx.core.cycle import DEFAULT_CONFIG, SchedulerConfig, queue_order, schedule
 from phalanx.core.decisions import (
     Decisions,
     Preemption,
@@ -73,5 +73,6 @@ __all__ = [
     "get_policy",
     "move_job",
     "move_node",
+    "queue_order",
     "schedule",
 ]

@@ -72,6 +72,7 @@ class _Cycle:
     smallest_request: int = 0
     shortest_limit: float = 0.0
     nothing_fits: bool | None = None  # cached verdict of _stop_if_nothing_fits
+    capable: dict[int, int] = field(default_factory=dict)  # g → nodes with ≥g GPUs, up or not
 
     def known_to_fail(self, job: JobRequest, limited: bool) -> bool:
         return any(
@@ -79,14 +80,18 @@ class _Cycle:
         )
 
     def remember_failure(self, job: JobRequest, limited: bool) -> None:
-        if job.gpu_model is None and not job.exclude_nodes:
+        if job.gpu_model is None and not job.exclude_nodes and not job.nodelist:
             shape = (job.nodes, job.gpus_per_node)
             if shape not in self.failed_shapes[limited]:
                 self.failed_shapes[limited].append(shape)
                 self.nothing_fits = None  # to be re-derived
 
 
-NO_NODE_UP = Reason(ReasonCode.INFEASIBLE, "no node with GPUs is up: every node is down or drained")
+# Waiting, not infeasible: the job runs as soon as a node is resumed or comes back.
+NO_NODE_UP = Reason(
+    ReasonCode.NODES_UNAVAILABLE,
+    "no node with GPUs is up: every node is down or drained; it waits for one to come back",
+)
 
 
 def schedule(
@@ -102,8 +107,12 @@ def schedule(
         cycle.reasons[job_id] = _dependency_reason(dep, never=False)
     for job_id, dep in state.never.items():
         cycle.reasons[job_id] = _dependency_reason(dep, never=True)
+    # Jobs whose --begin time is still ahead wait for it, whatever else holds them (said
+    # up front: a cycle that stops early never reaches them).
+    for begin_s, job_id in state.begins.irange((now, math.inf), inclusive=(False, True)):
+        cycle.reasons[job_id] = _begin_reason(begin_s, now)
     if not state.gpus_up:
-        # No node with a GPU is up: every queued job is infeasible. Said once, as the
+        # No node with a GPU is up: every queued job waits for one. Said once, as the
         # default, rather than found job by job (10,000 queued jobs took ~35 ms a cycle).
         return Decisions(
             starts=(),
@@ -116,7 +125,7 @@ def schedule(
     default = Reason(ReasonCode.PRIORITY, "waiting for jobs ahead of it")
     try:
         # Phase 2 — order: merge the heads of the team queues by the policy's key.
-        for examined, job in enumerate(_ordered(state, now)):
+        for examined, job in enumerate(queue_order(state, now)):
             if examined >= config.depth:
                 default = Reason(
                     ReasonCode.NOT_CONSIDERED,
@@ -145,7 +154,9 @@ def schedule(
 def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
     """Phases 3–7 for one job; returns the reason for every later job if the cycle stops."""
     state, now = cycle.state, cycle.now
-    excluded = excluded_indices(state, job) if job.exclude_nodes else frozenset()
+    if job.begin_s is not None and job.begin_s > now:
+        return None  # not yet: its BeginTime reason was given in phase 1
+    excluded = excluded_indices(state, job) if job.exclude_nodes or job.nodelist else frozenset()
     limited = cycle.reservation is not None and not _ends_before(job, now, cycle.reservation)
     constraints = _constraints(cycle, excluded, limited)
     if job.id in state.waiting_on:
@@ -167,7 +178,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
         # bring the team back within its quota; the victim trial re-checks the quota.
         if (
             cycle.preempt_possible
-            and _infeasible(state, job) is None
+            and _infeasible(state, job, cycle.capable) is None
             and _preempt(cycle, job, excluded, constraints, limited)
         ):
             return None
@@ -175,7 +186,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
             cycle.team_blocked[job.team] = (job.gpus, admission.reason)
         cycle.reasons[job.id] = admission.reason
         return None
-    infeasible = _infeasible(state, job)
+    infeasible = _infeasible(state, job, cycle.capable)
     if infeasible is not None:
         cycle.reasons[job.id] = infeasible
         return None
@@ -215,8 +226,10 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
         when = "when jobs without a time limit end"
         if found[0].start_s != float("inf"):
             when = f"at t={found[0].start_s:.0f}s, in {found[0].start_s - now:.0f}s"
+        # Slurm's name for the job next in line waiting on busy GPUs; the message says
+        # when its reserved GPUs free up.
         cycle.reasons[job.id] = Reason(
-            ReasonCode.RESERVED,
+            ReasonCode.RESOURCES,
             f"{_resources_reason(state, job).message}; GPUs reserved {when} "
             "(from running jobs' time limits)",
         )
@@ -418,7 +431,9 @@ def _ends_before(job: JobRequest, now: float, reservation: Reservation) -> bool:
     return job.time_limit_s is not None and now + job.time_limit_s <= reservation.start_s
 
 
-def _ordered(state: ClusterState, now: float) -> Iterator[JobRequest]:
+def queue_order(state: ClusterState, now: float) -> Iterator[JobRequest]:
+    """The eligible queued jobs in the order a cycle at `now` considers them (the
+    policy's merge of the team queues); `phalanx priority` shows it."""
     policy = state.policy
     heap: list[tuple[tuple[float, ...], int, Iterator[tuple[tuple[float, ...], int]], float]] = []
     for index, (team, queue) in enumerate(sorted(state.queues.items())):
@@ -441,8 +456,12 @@ def _ordered(state: ClusterState, now: float) -> Iterator[JobRequest]:
             heapq.heapreplace(heap, (policy.merge_key(nxt[0], fairshare), index, it, fairshare))
 
 
-def _infeasible(state: ClusterState, job: JobRequest) -> Reason | None:
+def _infeasible(state: ClusterState, job: JobRequest, capable: dict[int, int]) -> Reason | None:
+    """Why `job` cannot run on the nodes that are up whatever else runs, or None;
+    `capable` caches how many nodes (up or not) have at least g GPUs."""
     g = job.gpus_per_node
+    if job.nodelist:
+        return _nodelist_infeasible(state, job)
     if job.gpu_model is not None and job.gpu_model not in state.models:
         return Reason(
             ReasonCode.INFEASIBLE,
@@ -454,32 +473,83 @@ def _infeasible(state: ClusterState, job: JobRequest) -> Reason | None:
             f"needs {g} GPUs on one node; the largest node has {state.max_gpus}",
         )
     if state.capacity_ge[g] < job.nodes:
+        if job.gpu_model is not None or job.exclude_nodes:  # count only nodes it may use
+            return _never_fits_reason(state, job, excluded_indices(state, job))
+        up = state.capacity_ge[g]
+        if g not in capable:  # counted once per cycle and shape: this path may be hot
+            capable[g] = sum(1 for node in state.nodes if node.gpus >= g)
+        return _too_few_up(job, up, f"node(s) with ≥{g} GPUs are up", capable[g] - up)
+    return None
+
+
+def _nodelist_infeasible(state: ClusterState, job: JobRequest) -> Reason | None:
+    """For a job bound to a nodelist (`-w`): whether its nodes could ever hold it."""
+    g = job.gpus_per_node
+    listed = sorted(job.nodelist)
+    unknown = [n for n in listed if n not in state.node_index]
+    if unknown:
+        return Reason(
+            ReasonCode.INFEASIBLE, f"its nodelist names unknown node(s): {', '.join(unknown)}"
+        )
+    fitting = [
+        n
+        for n in listed
+        if state.nodes[state.node_index[n]].gpus >= g
+        and (job.gpu_model is None or state.nodes[state.node_index[n]].gpu_model == job.gpu_model)
+    ]
+    if len(fitting) < job.nodes:
         return Reason(
             ReasonCode.INFEASIBLE,
-            f"needs {job.shape}; only {state.capacity_ge[g]} node(s) with ≥{g} GPUs are up",
+            f"needs {job.shape} on its nodelist ({', '.join(listed)}); only "
+            f"{len(fitting)} of those node(s) have ≥{g}"
+            f"{'' if job.gpu_model is None else ' ' + job.gpu_model} GPUs",
         )
+    up = sum(1 for n in fitting if state.up[state.node_index[n]])
+    if up < job.nodes:
+        what = f"of its listed node(s) ({', '.join(listed)}) up"
+        return _too_few_up(job, up, what, len(fitting) - up)
     return None
+
+
+def _begin_reason(begin_s: float, now: float) -> Reason:
+    return Reason(
+        ReasonCode.BEGIN_TIME,
+        f"may not start before t={begin_s:.0f}s (--begin), in {begin_s - now:.0f}s",
+    )
+
+
+def _too_few_up(job: JobRequest, up: int, what: str, out_of_service: int) -> Reason:
+    """Too few of the nodes a job may use are up: it waits for down or drained ones
+    (ReqNodeNotAvail) when the cluster has enough, else it can never run (Infeasible)."""
+    if out_of_service and job.nodes <= up + out_of_service:
+        return Reason(
+            ReasonCode.NODES_UNAVAILABLE,
+            f"needs {job.shape}; only {up} {what}, {out_of_service} more down or drained: "
+            "it waits for them to come back",
+        )
+    return Reason(ReasonCode.INFEASIBLE, f"needs {job.shape}; only {up} {what}")
 
 
 def _never_fits_reason(state: ClusterState, job: JobRequest, excluded: frozenset[int]) -> Reason:
     """For a job that fits the cluster's shape but not the nodes it may use (its GPU model,
-    minus excluded nodes): waiting for resources would never help."""
+    minus excluded nodes): waiting for busy GPUs would never help; waiting for down or
+    drained nodes may."""
     g = job.gpus_per_node
-    usable = sum(
-        1
+    fit = [
+        n
         for n, node in enumerate(state.nodes)
-        if state.up[n]
-        and n not in excluded
+        if n not in excluded
         and node.gpus >= g
         and (job.gpu_model is None or node.gpu_model == job.gpu_model)
-    )
+    ]
+    usable = sum(1 for n in fit if state.up[n])
     where = "" if job.gpu_model is None else f" {job.gpu_model}"
-    if excluded:
+    if job.nodelist:
+        where += " (of its nodelist)"
+    elif excluded:
         where += " (not excluded)"
-    return Reason(
-        ReasonCode.INFEASIBLE,
-        f"needs {job.shape}; only {usable}{where} node(s) with ≥{g} GPUs are up",
-    )
+    what = f"{where} node(s) with ≥{g} GPUs are up".lstrip()
+    return _too_few_up(job, usable, what, len(fit) - usable)
 
 
 def _resources_reason(state: ClusterState, job: JobRequest) -> Reason:

@@ -10,18 +10,25 @@ from phalanx.core.model import JobRequest, Placement
 
 
 class ReasonCode(enum.Enum):
-    """Why a job is pending; the values are the Slurm-style names shown in `phalanx queue`."""
+    """Why a job is pending; the values are the Slurm-style names shown in `phalanx queue`.
+
+    As in Slurm, the job next in line that waits for GPUs to free up says `Resources` (its
+    message tells when its reserved GPUs free up) and the jobs behind it `Priority`;
+    `ReqNodeNotAvail` waits for down or drained nodes to come back, while `Infeasible`
+    would not fit even with every node of the cluster up.
+    """
 
     DEPENDENCY = "Dependency"
     DEPENDENCY_NEVER_SATISFIED = "DependencyNeverSatisfied"
     QUOTA = "QuotaExceeded"
     RESOURCES = "Resources"
-    RESERVED = "Reserved"
+    NODES_UNAVAILABLE = "ReqNodeNotAvail"
     PRIORITY = "Priority"
     BACKFILL_WOULD_DELAY = "WouldDelayReservation"
     PREEMPTING = "WaitingForPreemption"
     INFEASIBLE = "Infeasible"
     NOT_CONSIDERED = "NotConsidered"
+    BEGIN_TIME = "BeginTime"  # not before its --begin time
 
 
 @dataclass(frozen=True, slots=True)

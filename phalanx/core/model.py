@@ -110,7 +110,9 @@ class JobRequest:
 
     A job asks for `nodes` × `gpus_per_node` GPUs as one gang. `duration_s` is only known in
     simulation (for the clairvoyant `sjf`/`srtf` policies); `attained_s` is the run time the
-    job already received before it was requeued (seconds of wall time).
+    job already received before it was requeued (seconds of wall time). `begin_s`: it may
+    not start before this time (`--begin`); `nodelist`: it runs only on these nodes (`-w`;
+    empty: anywhere).
     """
 
     id: int
@@ -128,6 +130,8 @@ class JobRequest:
     duration_s: float | None = None
     attained_s: float = 0.0
     exclude_nodes: frozenset[str] = field(default_factory=frozenset)
+    begin_s: float | None = None
+    nodelist: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         if self.nodes < 1:

@@ -54,7 +54,12 @@ def _usable(state: ClusterState, n: int, job: JobRequest, c: Constraints) -> boo
 
 
 def excluded_indices(state: ClusterState, job: JobRequest) -> frozenset[int]:
-    return frozenset(state.node_index[n] for n in job.exclude_nodes if n in state.node_index)
+    """The nodes a job may not use: those it excludes, and with a nodelist every other."""
+    excluded = {state.node_index[n] for n in job.exclude_nodes if n in state.node_index}
+    if job.nodelist:
+        allowed = {state.node_index[n] for n in job.nodelist if n in state.node_index}
+        excluded.update(i for i in range(len(state.nodes)) if i not in allowed)
+    return frozenset(excluded)
 
 
 def place(state: ClusterState, job: JobRequest, c: Constraints = UNCONSTRAINED) -> Placement | None:

@@ -127,6 +127,10 @@ class ClusterState:
         self.never: dict[int, Dependency] = {}  # dependency that can never be satisfied
         self.dependents: dict[int, set[int]] = {}
         self.known: dict[int, tuple[bool, JobState | None]] = {}
+        # Pending jobs taken out of the queue without ending (a hold): their dependents wait.
+        self.withdrawn: dict[int, JobRequest] = {}
+        # (not-before time, job id) of queued jobs with a `--begin` time (BeginTime reasons).
+        self.begins: SortedList = SortedList()
         self.preempting: dict[int, int] = {}  # victim → the job it makes room for
         self.waiting_on: dict[int, set[int]] = {}  # preemptor → victims still running
 
@@ -269,18 +273,34 @@ class ClusterState:
         self._notify_dependents(job_id)
 
     def submit(self, job: JobRequest, now: float) -> None:
-        if job.id in self.known:
+        """Queue a new job, or again a withdrawn one (released, or changed while held)."""
+        again = self.withdrawn.pop(job.id, None)
+        if job.id in self.known and again is None:
             raise StateError(f"job {job.id} was already submitted")
         if self.policy.needs_duration and job.duration_s is None:
             raise StateError(
                 f"job {job.id}: policy {self.policy.name!r} needs a known duration for every job"
             )
         self._team(job.team)
-        self.known[job.id] = (False, None)
+        started = self.known[job.id][0] if again is not None else False
+        self.known[job.id] = (started, None)
         self.pending[job.id] = job
         for dep in job.dependencies:
             self.dependents.setdefault(dep.job_id, set()).add(job.id)
         self._refresh_dependencies(job.id)
+
+    def withdraw(self, job_id: int) -> JobRequest:
+        """Take a pending job out of the queue without ending it (a hold, or to submit it
+        again changed): jobs that depend on it keep waiting; `submit` queues it again."""
+        job = self.pending.pop(job_id, None)
+        if job is None:
+            raise StateError(f"job {job_id} is not pending")
+        self._dequeue(job)
+        self.waiting_on.pop(job_id, None)
+        for dep in job.dependencies:
+            self.dependents.get(dep.job_id, set()).discard(job_id)
+        self.withdrawn[job_id] = job
+        return job
 
     def _enqueue(self, job: JobRequest) -> None:
         key = self.policy.static_key(job)
@@ -292,6 +312,8 @@ class ClusterState:
         self.queued_limits.add(_limit(job))
         self.queued_priorities[job.priority] += 1
         self.queued_gpus_per_node[job.gpus_per_node] += 1
+        if job.begin_s is not None:
+            self.begins.add((job.begin_s, job.id))
 
     def _dequeue(self, job: JobRequest) -> None:
         key = self.queue_key.pop(job.id, None)
@@ -304,6 +326,8 @@ class ClusterState:
             self.queued_gpus_per_node[job.gpus_per_node] -= 1
             if not self.queued_gpus_per_node[job.gpus_per_node]:
                 del self.queued_gpus_per_node[job.gpus_per_node]
+            if job.begin_s is not None:
+                self.begins.remove((job.begin_s, job.id))
         self.held.pop(job.id, None)
         self.never.pop(job.id, None)
 
@@ -385,6 +409,10 @@ class ClusterState:
             job = self.pending.pop(job_id)
             self._dequeue(job)
             self.waiting_on.pop(job_id, None)
+            started, _ = self.known[job_id]
+            self.known[job_id] = (started, final)
+        elif job_id in self.withdrawn:
+            del self.withdrawn[job_id]
             started, _ = self.known[job_id]
             self.known[job_id] = (started, final)
         else:

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import httpx
 from fastapi import Depends, FastAPI, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 from pydantic_core import to_json
@@ -29,10 +29,11 @@ from phalanx.api.asgi import (
 )
 from phalanx.api.asgi import bearer_token as _bearer_of
 from phalanx.api.asgi import json_error as _json
-from phalanx.head import jobs
+from phalanx.head import admin, execproxy, jobcontrol, jobs
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
+from phalanx.head.notify import Notifier
 from phalanx.head.service import Head
 
 log = logging.getLogger("phalanx.head")
@@ -70,6 +71,10 @@ IDEMPOTENCY_PARAMETER: dict[str, Any] = {
     "gets the same job ids (200) instead of a new job.",
     "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$"},
 }
+LAST_ADMIN: dict[int | str, dict[str, Any]] = {
+    409: _err("it would leave no working admin token (send force=true to do it anyway)")
+}
+Force = Annotated[bool, Query(description="do it even if no working admin token would be left")]
 STANDBY_DETAIL = "standby head: the leader is elsewhere"
 BAD_GATEWAY: dict[int | str, dict[str, Any]] = {
     502: _err("the node holding the logs is unreachable")
@@ -87,6 +92,12 @@ async def principal(
 Who = Annotated[Principal, Depends(principal)]
 # Ids are 32-bit in every database the head supports; larger ones cannot exist.
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1)]
+# A job as users name it: `123`, or `123_4` for task 4 of array 123 (an array's id names
+# the whole array where Slurm's commands do: cancel, hold, release, requeue, update).
+JobRef = Annotated[
+    str,
+    Path(max_length=18, pattern=m.JOB_REF_PATTERN, description="`123`, or `123_4` (array task)"),
+]
 RowId = Annotated[int, Path(ge=1, le=2**31 - 1)]
 
 
@@ -256,14 +267,24 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     (error and telemetry middleware, a body limit), which cost a submit more than its
     validation does."""
 
+    # Job notifications: queued by the control thread after each commit, posted by the
+    # notifier's own threads (head/notify.py).
+    notifier = Notifier(head.mirror.settings.notify_allow)
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         head.loop = asyncio.get_running_loop()
-        async with httpx.AsyncClient(
-            timeout=10.0, headers=version.headers(), verify=head.agent_verify
-        ) as client:
-            _app.state.http = client
-            yield
+        notifier.start()
+        head.control.on_moves = notifier.collect
+        try:
+            async with httpx.AsyncClient(
+                timeout=10.0, headers=version.headers(), verify=head.agent_verify
+            ) as client:
+                _app.state.http = client
+                yield
+        finally:
+            head.control.on_moves = None
+            await asyncio.to_thread(notifier.stop)
 
     app = FastAPI(
         title="Phalanx head",
@@ -289,7 +310,13 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     @app.get("/healthz", response_model=m.Health, responses={})
     def healthz() -> m.Health:
         errors = head.control.loop_errors
-        return m.Health(status="ok", version=__version__, role=role.name, loop_errors=errors)
+        return m.Health(
+            status="ok",
+            version=__version__,
+            role=role.name,
+            loop_errors=errors,
+            notifications=notifier.counts(),
+        )
 
     @app.get("/v1/whoami", response_model=m.WhoAmI)
     def whoami(who: User) -> m.WhoAmI:
@@ -331,13 +358,16 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         state: Annotated[str | None, Query(max_length=64, pattern=r"^[A-Z,]*$")] = None,
         since: float | None = None,
         limit: Annotated[int, Query(ge=1, le=100_000)] = 10_000,
+        array: Annotated[
+            int | None, Query(ge=1, le=2**31 - 1, description="only the tasks of this array")
+        ] = None,
         format: Annotated[
             Literal["objects", "table"],
             Query(description="objects: a JobList; table: a JobTable (rows of values)"),
         ] = "objects",
     ) -> Response:
         states = {s for s in state.split(",") if s} if state else None
-        jobs = head.list_jobs(who, active, ended, user, team, states, since, limit)
+        jobs = head.list_jobs(who, active, ended, user, team, states, since, limit, array)
         # Plain dicts through pydantic-core's JSON writer: building and validating 10,000
         # JobInfo models costs more than the rest of the request.
         if format == "objects":
@@ -347,16 +377,54 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         return Response(to_json({"columns": columns, "rows": rows}), media_type="application/json")
 
     @app.get("/v1/jobs/{job_id}", response_model=m.JobDetail, responses=NOT_FOUND)
-    def job(job_id: JobId, who: User) -> m.JobDetail:
-        return head.job_detail(who, job_id)
+    def job(job_id: JobRef, who: User) -> m.JobDetail:
+        """One job (an array's id: its first task; `GET /v1/jobs?array=ID` lists them all)."""
+        return head.job_detail(who, head.job_id(job_id))
 
     @app.post(
         "/v1/jobs/{job_id}/cancel", response_model=m.JobInfo, responses={**NOT_FOUND, **CONFLICT}
     )
-    def cancel(job_id: JobId, who: User, body: m.CancelRequest | None = None) -> m.JobInfo:
+    def cancel(job_id: JobRef, who: User, body: m.CancelRequest | None = None) -> m.JobInfo:
+        """Cancel a job, an array task, or every live task of an array (its id); with a
+        `signal`, deliver it instead (scancel -s). The answer is the job named (for an
+        array, its first task still live)."""
         if body is not None and body.signal is not None:
-            return head.signal(who, job_id, body.signal)  # scancel --signal: deliver it only
-        return head.cancel(who, job_id)
+            sig = body.signal
+            done = head.control_jobs(
+                lambda tx: jobcontrol.signal(head.mirror, tx, who, job_id, sig)
+            )
+        else:
+            done = head.control_jobs(lambda tx: jobcontrol.cancel(head.mirror, tx, who, job_id))
+        named = jobcontrol.parse_ref(job_id)[0]
+        return next((j for j in done.jobs if j.id == named), done.jobs[0])
+
+    @app.post(
+        "/v1/jobs/{job_id}/hold", response_model=m.JobList, responses={**NOT_FOUND, **CONFLICT}
+    )
+    def hold(job_id: JobRef, who: User) -> m.JobList:
+        """Keep pending jobs from starting (scontrol hold): reason JobHeldUser, or
+        JobHeldAdmin when an admin holds it (then only an admin releases it)."""
+        return head.control_jobs(lambda tx: jobcontrol.hold(head.mirror, tx, who, job_id))
+
+    @app.post(
+        "/v1/jobs/{job_id}/release", response_model=m.JobList, responses={**NOT_FOUND, **CONFLICT}
+    )
+    def release(job_id: JobRef, who: User) -> m.JobList:
+        """Let held jobs start (scontrol release)."""
+        return head.control_jobs(lambda tx: jobcontrol.release(head.mirror, tx, who, job_id))
+
+    @app.post(
+        "/v1/jobs/{job_id}/requeue", response_model=m.JobList, responses={**NOT_FOUND, **CONFLICT}
+    )
+    def requeue(job_id: JobRef, who: User) -> m.JobList:
+        """Stop running jobs and queue them again (scontrol requeue); counts as a restart."""
+        return head.control_jobs(lambda tx: jobcontrol.requeue(head.mirror, tx, who, job_id))
+
+    @app.patch("/v1/jobs/{job_id}", response_model=m.JobList, responses={**NOT_FOUND, **CONFLICT})
+    def update(job_id: JobRef, body: m.JobUpdate, who: User) -> m.JobList:
+        """Change a pending job's time limit, QOS, priority or dependencies, or a running
+        job's time limit (scontrol update); see JobUpdate for who may change what."""
+        return head.control_jobs(lambda tx: jobcontrol.update(head.mirror, tx, who, job_id, body))
 
     @app.get(
         "/v1/jobs/{job_id}/logs",
@@ -365,18 +433,23 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     )
     async def logs(
         request: Request,
-        job_id: JobId,
+        job_id: JobRef,
         who: User,
         rank: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
         stream: Literal["stdout", "stderr"] = "stdout",
         offset: Annotated[int, Query(ge=0, le=m.MAX_INT64)] = 0,
     ) -> m.LogChunk:
-        rec = head.private_job_record(who, job_id)
+        rec = head.private_job_record(who, head.job_id(job_id))
+        if rec.spec.array is not None and rec.array_job_id == rec.id and "_" not in job_id:
+            raise HeadError(
+                409,
+                f"job {job_id} is an array: name one task, e.g. {job_id}_{rec.array_task_id}",
+            )
         node = head.log_source(rec, rank)
         client: httpx.AsyncClient = request.app.state.http
         try:
             r = await client.get(
-                f"{node.agent_url}/v1/logs/{job_id}",
+                f"{node.agent_url}/v1/logs/{rec.id}",
                 params={"rank": rank, "stream": stream, "offset": offset},
                 headers={"Authorization": f"Bearer {node.agent_secret}"},
             )
@@ -388,12 +461,45 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
             raise HeadError(502, f"node {node.name} answered {r.status_code}: {_agent_detail(r)}")
         return m.LogChunk.model_validate_json(r.content)
 
+    @app.post(
+        "/v1/jobs/{job_id}/exec",
+        response_class=StreamingResponse,
+        responses={
+            200: {
+                "content": {"application/x-ndjson": {}},
+                "description": "one ExecFrame per line: output as it comes, keepalives, "
+                "then the exit",
+            },
+            **NOT_FOUND,
+            **CONFLICT,
+            429: _err("the rank's node runs as many execs as it may"),
+            502: _err("the rank's node is down or unreachable"),
+        },
+    )
+    async def exec_into(
+        request: Request, job_id: JobId, body: m.ExecRequest, who: User
+    ) -> StreamingResponse:
+        """Run a command beside a running rank (`phalanx exec`): as the job's user, in its
+        cgroup, with the rank's environment; its owner, team admins and admins only."""
+        return await execproxy.open_exec(head, request.app.state.http, who, job_id, body)
+
     @app.post("/v1/jobs/{job_id}/progress", status_code=204)
     async def progress(
         job_id: JobId, body: m.JobProgress, token: Annotated[str, Depends(step_token)]
     ) -> Response:
         head.record_progress(job_id, token, body)
         return Response(status_code=204)
+
+    @app.get("/v1/priority", response_model=m.PriorityList)
+    def priority(who: User) -> m.PriorityList:
+        """Queued jobs in the order the scheduler considers them, with the numbers that
+        order them (QOS priority, the team's fair share, age): those the caller may see."""
+        return head.priorities(who)
+
+    @app.get("/v1/shares", response_model=m.ShareList)
+    def shares(who: User) -> m.ShareList:
+        """Every team's quota, GPUs in use and borrowed, decayed usage and fair share."""
+        return head.shares()
 
     # ----------------------------------------------------------------- nodes
     @app.get("/v1/nodes", response_model=m.NodeList)
@@ -413,6 +519,12 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         """Revoke a node's credential and free its name for a new node (its jobs are
         requeued as for a node that died)."""
         return head.replace_node(name)
+
+    @app.delete("/v1/nodes/{name}", status_code=204, responses={**NOT_FOUND, **CONFLICT})
+    def remove_node(name: str, who: Admin) -> Response:
+        """Forget a node that is down and holds no job (409 otherwise)."""
+        admin.remove_node(head, name)
+        return Response(status_code=204)
 
     @app.post(
         "/v1/nodes/{name}/faults",
@@ -459,6 +571,26 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     def set_user(name: str, body: m.UserUpdate, who: Admin) -> m.UserInfo:
         return head.set_user(name, body)
 
+    @app.post(
+        "/v1/users/{name}/disable",
+        response_model=m.UserInfo,
+        responses={**NOT_FOUND, **LAST_ADMIN},
+    )
+    def disable_user(name: str, who: Admin, force: Force = False) -> m.UserInfo:
+        """Disable a user: their tokens are refused at once (their running jobs go on)."""
+        return admin.set_disabled(head, name, True, force)
+
+    @app.post("/v1/users/{name}/enable", response_model=m.UserInfo, responses=NOT_FOUND)
+    def enable_user(name: str, who: Admin) -> m.UserInfo:
+        """Enable a disabled user again: their unrevoked tokens work again."""
+        return admin.set_disabled(head, name, False, False)
+
+    @app.delete("/v1/users/{name}", status_code=204, responses={**NOT_FOUND, **LAST_ADMIN})
+    def delete_user(name: str, who: Admin, force: Force = False) -> Response:
+        """Delete a user without live jobs (409 if it has some): its tokens are revoked."""
+        admin.delete_user(head, name, force)
+        return Response(status_code=204)
+
     @app.post("/v1/tokens", status_code=201, response_model=m.TokenIssued, responses=NOT_FOUND)
     def create_token(body: m.TokenCreate, who: User) -> m.TokenIssued:
         if not who.admin and body.user != who.user:
@@ -475,10 +607,11 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         """An admin's answer: every token (`all=false`: their own); a user's: their own."""
         return head.tokens(who, everyone=who.admin and everyone)
 
-    @app.delete("/v1/tokens/{token_id}", status_code=204, responses=NOT_FOUND)
-    def revoke(token_id: RowId, who: User) -> Response:
-        """Revoke a token and those minted from it: admins any, users their own."""
-        head.revoke(who, token_id)
+    @app.delete("/v1/tokens/{token_id}", status_code=204, responses={**NOT_FOUND, **LAST_ADMIN})
+    def revoke(token_id: RowId, who: User, force: Force = False) -> Response:
+        """Revoke a token and those minted from it: admins any, users their own. Refused
+        (409) if no working admin token would be left, unless `force`."""
+        admin.revoke_token(head, who, token_id, force)
         return Response(status_code=204)
 
     @app.post("/v1/join-tokens", status_code=201, response_model=m.TokenIssued)
@@ -494,6 +627,12 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         if body.name != name:
             raise HeadError(422, f"the body names team {body.name!r} but the path {name!r}")
         return head.put_team(body)
+
+    @app.delete("/v1/teams/{name}", status_code=204, responses={**NOT_FOUND, **CONFLICT})
+    def delete_team(name: str, who: Admin) -> Response:
+        """Delete a team without live jobs (409 if it has some)."""
+        admin.delete_team(head, name)
+        return Response(status_code=204)
 
     # ----------------------------------------------------------------- agents
     @app.post("/v1/agent/register", response_model=m.RegisterResponse, responses=CONFLICT)

@@ -65,6 +65,9 @@ class ControlThread:
         self._thread = threading.Thread(target=self._run, name="phalanx-control", daemon=True)
         self._stopping = False
         self.on_commit: Callable[[set[str]], None] = lambda nodes: None
+        # After a commit that moved jobs or nodes (job notifications): called on this
+        # thread with the committed Tx; it must not block, and what it raises is logged.
+        self.on_moves: Callable[[Tx], None] | None = None
         self.cycles = 0
         self._pauses = timed.PauseWatch(settings, self.clock.monotonic())
         # Unexpected exceptions in operations or cycles that were rolled back and survived.
@@ -258,6 +261,11 @@ class ControlThread:
         _resolve(results)
         if tx.touched_nodes:
             self.on_commit(tx.touched_nodes)
+        if tx.moves and self.on_moves is not None:
+            try:
+                self.on_moves(tx)
+            except Exception:  # committed and answered already: a hook's bug loses only itself
+                log.exception("control loop: the after-commit hook failed; carrying on")
         return False, None
 
     def _reload(self) -> None:
@@ -313,6 +321,9 @@ def _mark_array_throttle(m: Mirror) -> None:
     """Which array tasks may be queued: at most `max_parallel` of one array at a time."""
     by_array: dict[int, list[int]] = {}
     for rec in m.jobs.values():
+        if rec.hold is not None and not rec.placement:
+            rec.in_core = False  # held: queued when released (corestate.rebuild knows it)
+            continue
         if rec.array_job_id is None or rec.spec.array is None:
             rec.in_core = True
             continue

@@ -45,6 +45,8 @@ def core_request(mirror: Mirror, rec: JobRecord) -> JobRequest:
         preemptible=spec.preemptible,
         gpu_model=spec.gpu_model,
         exclude_nodes=frozenset(spec.exclude_nodes) | _avoid(mirror, rec),
+        begin_s=spec.begin_time,
+        nodelist=frozenset(spec.nodelist),
     )
 
 
@@ -93,8 +95,10 @@ def rebuild(mirror: Mirror, tx: Tx, now: float) -> None:
         core.submit(_without_dependencies(request), rec.start_time or now)
         core.start(rec.id, _placement(core, rec), rec.start_time or now)
     for rec in sorted(live.values(), key=lambda r: r.id):
-        if not rec.placement and rec.in_core:
+        if not rec.placement and (rec.in_core or rec.hold is not None):
             core.submit(core_request(mirror, rec), rec.submit_time)
+            if rec.hold is not None:  # known to its dependents (they wait), not queued
+                core.withdraw(rec.id)
     mirror.core = core
 
 
@@ -128,8 +132,26 @@ def queue(mirror: Mirror, tx: Tx, records: list[JobRecord], now: float) -> None:
     for job_id, (started, final) in store.outcomes(tx.conn, unknown).items():
         core.remember(job_id, started, JobState(final))
     for rec in records:
-        if rec.in_core:
+        if rec.in_core and rec.hold is None:
             core.submit(core_request(mirror, rec), now)
+
+
+def withdraw(mirror: Mirror, rec: JobRecord) -> None:
+    """A pending job leaves the core's queue without ending (held, or to be changed)."""
+    core = live(mirror)
+    if core is not None and rec.id in core.pending:
+        core.withdraw(rec.id)
+
+
+def resubmit(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
+    """A withdrawn job (released, or changed) joins the core's queue again as it is now."""
+    core = live(mirror)
+    if core is None:
+        return  # the next rebuild queues it
+    if rec.id in core.withdrawn:
+        core.submit(core_request(mirror, rec), now)
+    else:
+        queue(mirror, tx, [rec], now)
 
 
 def apply(mirror: Mirror, decisions: Decisions, now: float) -> Applied:
@@ -154,7 +176,9 @@ def requeue(mirror: Mirror, rec: JobRecord, now: float) -> None:
 def finish(mirror: Mirror, rec: JobRecord, final: JobState, now: float) -> None:
     """A job ended (its dependents may now run)."""
     core = mirror.core
-    if core is not None and rec.in_core and (rec.id in core.running or rec.id in core.pending):
+    if core is not None and (
+        rec.id in core.running or rec.id in core.pending or rec.id in core.withdrawn
+    ):
         core.finish(rec.id, now, final)
 
 

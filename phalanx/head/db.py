@@ -37,6 +37,7 @@ users = Table(
     Column("unix_uid", Integer, nullable=True),  # None: the Unix account named like the user
     Column("unix_gid", Integer, nullable=True),  # None: that account's primary group
     Column("qos", String(500), nullable=True),  # allowed QOS, comma-separated (None: default)
+    Column("disabled", Boolean, nullable=True),  # True: its tokens are refused (None: enabled)
 )
 
 teams = Table(
@@ -128,11 +129,13 @@ jobs = Table(
     Column("notices_json", Text, nullable=True),  # signals to deliver (preemption, --signal)
     Column("notice_deadline", Float, nullable=True),  # a preemption notice's kill time
     Column("client_token", String(128), nullable=True),  # idempotent submit, per user
+    Column("hold", String(8), nullable=True),  # user | admin: held (`phalanx hold`), by whom
 )
 Index("ix_jobs_state", jobs.c.state)
 Index("ix_jobs_user", jobs.c.user)
 Index("ix_jobs_end_time", jobs.c.end_time)
 Index("ix_jobs_client_token", jobs.c.user, jobs.c.client_token, unique=True)
+Index("ix_jobs_array", jobs.c.array_job_id, jobs.c.array_task_id)  # `123_4` names a task
 
 events = Table(
     "events",

@@ -1,17 +1,19 @@
-"""Job operations of the head: submit (validated, then durable), cancel, views."""
+"""Job submission in the head: validated first, then durable and queued (idempotent with a
+key). Controls on submitted jobs (cancel, hold, …) are in head.jobcontrol."""
 
 from __future__ import annotations
 
 import os
 import re
 
-from phalanx.api.models import JobSpec, SubmitResponse
+from phalanx.api.models import DependencySpec, JobSpec, SubmitResponse
 from phalanx.core import JobState
-from phalanx.head import corestate, lifecycle, store
+from phalanx.head import capacity, corestate, notify, store
 from phalanx.head.auth import Principal, allowed_qos
 from phalanx.head.control import HeadError
 from phalanx.head.mirror import Mirror, Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord
+from phalanx.jobspec.hostlist import compress
 
 
 def submit(
@@ -46,16 +48,14 @@ def submit(
         raise HeadError(422, "give exactly one of `command` and `script`")
     if spec.command is not None and not spec.command:
         raise HeadError(422, "`command` is empty")
-    _check_capacity(mirror, spec)
-    deps = sorted({j for d in spec.dependencies for j in d.job_ids})
-    if deps:
-        tx.flush()  # a dependency may name a job submitted earlier in this batch
-    unknown = [j for j in deps if j not in mirror.jobs]
-    missing = set(unknown) - store.existing_job_ids(tx.conn, unknown)
-    if missing:
-        raise HeadError(
-            422, f"dependency on job(s) {', '.join(map(str, sorted(missing)))} that do not exist"
-        )
+    if spec.notify_url is not None:
+        problem = notify.refusal(mirror.settings.notify_allow, spec.notify_url)
+        if problem is not None:
+            raise HeadError(422, problem)
+    capacity.check(mirror.nodes.values(), spec)
+    if spec.nodelist:
+        _check_nodelist(mirror, spec)
+    check_dependencies(mirror, tx, spec.dependencies)
 
     indices: list[int | None] = list(spec.array.indices) if spec.array else [None]
     cap_live = mirror.settings.max_queued_per_user
@@ -102,6 +102,19 @@ def submit(
     return SubmitResponse(
         job_ids=[r.id for r in records], array_job_id=first if spec.array else None
     )
+
+
+def check_dependencies(mirror: Mirror, tx: Tx, dependencies: list[DependencySpec]) -> None:
+    """Refuse dependencies on jobs that do not exist (422)."""
+    deps = sorted({j for d in dependencies for j in d.job_ids})
+    if deps:
+        tx.flush()  # a dependency may name a job submitted earlier in this batch
+    unknown = [j for j in deps if j not in mirror.jobs]
+    missing = set(unknown) - store.existing_job_ids(tx.conn, unknown)
+    if missing:
+        raise HeadError(
+            422, f"dependency on job(s) {', '.join(map(str, sorted(missing)))} that do not exist"
+        )
 
 
 # An idempotency key (the `Idempotency-Key` header of POST /v1/jobs).
@@ -155,59 +168,24 @@ def submit_once(
     return answer, True
 
 
-def _check_capacity(mirror: Mirror, spec: JobSpec) -> None:
-    """Refuse a job no node set could ever run (once nodes have joined)."""
-    if not mirror.nodes:
-        return
-    shapes = [
-        len(n.gpus)
-        for n in mirror.nodes.values()
-        if spec.gpu_model is None or (n.gpus and n.gpus[0].model.lower() == spec.gpu_model.lower())
+def _check_nodelist(mirror: Mirror, spec: JobSpec) -> None:
+    """`-w`: every named node must exist, and enough of them must fit the job (Slurm
+    refuses such a job at submit too)."""
+    listed = compress(spec.nodelist)
+    unknown = [n for n in spec.nodelist if n not in mirror.nodes]
+    if unknown:
+        raise HeadError(422, f"--nodelist {listed}: no node(s) {compress(unknown)} in the cluster")
+    model = spec.gpu_model.lower() if spec.gpu_model else None
+    fitting = [
+        n
+        for n in spec.nodelist
+        if len(mirror.nodes[n].gpus) >= spec.gpus_per_node
+        and (model is None or mirror.nodes[n].gpus[0].model.lower() == model)
     ]
-    if not shapes:
-        models = sorted({n.gpus[0].model for n in mirror.nodes.values() if n.gpus})
-        raise HeadError(
-            422, f"no node has GPU model {spec.gpu_model!r}; models: {', '.join(models)}"
-        )
-    largest = max(shapes)
-    if spec.gpus_per_node > largest:
+    if len(fitting) < spec.nodes:
+        what = f"{spec.gpus_per_node}{'' if model is None else ' ' + str(spec.gpu_model)} GPUs"
         raise HeadError(
             422,
-            f"asks for {spec.gpus_per_node} GPUs per node; the largest node has {largest}",
+            f"--nodelist {listed}: the job needs {spec.nodes} node(s) with {what} each; "
+            f"only {len(fitting)} of the listed nodes have that (the job would never start)",
         )
-    fitting = sum(1 for s in shapes if s >= spec.gpus_per_node)
-    if spec.nodes > fitting:
-        raise HeadError(
-            422,
-            f"asks for {spec.nodes} nodes with {spec.gpus_per_node} GPUs each; "
-            f"the cluster has {fitting} such node(s)",
-        )
-
-
-def signal(mirror: Mirror, tx: Tx, who: Principal, job_id: int, sig: str) -> JobRecord:
-    """`phalanx cancel --signal SIG`: the job's agents deliver SIG to its processes once."""
-    rec = _own_live_job(mirror, tx, who, job_id)
-    if not rec.state.running or rec.stopping is not None:
-        what = rec.state.value
-        raise HeadError(409, f"job {job_id} is not running ({what}): nothing to signal")
-    lifecycle.notify(mirror, tx, rec, sig, f"sent by {who.user or 'an admin'}", tx.now)
-    return rec
-
-
-def cancel(mirror: Mirror, tx: Tx, who: Principal, job_id: int) -> JobRecord:
-    rec = _own_live_job(mirror, tx, who, job_id)
-    lifecycle.cancel(mirror, tx, rec, tx.now, who.user or "an admin")
-    return rec
-
-
-def _own_live_job(mirror: Mirror, tx: Tx, who: Principal, job_id: int) -> JobRecord:
-    rec = mirror.jobs.get(job_id)
-    if rec is None:
-        tx.flush()
-        ended = store.job(tx.conn, job_id)
-        if ended is None or not who.may_see_job(ended.user, ended.team):
-            raise HeadError(404, f"no job {job_id}")
-        raise HeadError(409, f"job {job_id} already ended ({ended.state.value})")
-    if not who.may_see_job(rec.user, rec.team):
-        raise HeadError(403, f"job {job_id} belongs to {rec.user} (team {rec.team})")
-    return rec

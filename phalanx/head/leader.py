@@ -77,6 +77,7 @@ class Election:
         self._where = make_url(db_url).render_as_string(hide_password=True)
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         self._last_ok = time.monotonic()
+        self._resumed = 0.0  # time.monotonic() when the process came back from a pause
         self._closed = threading.Event()
 
     def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
@@ -160,8 +161,20 @@ class Election:
             self._closed.wait(CHECK_INTERVAL_S)
 
     def _deadline(self) -> None:
+        tick = time.monotonic()
         while not self._closed.wait(CHECK_INTERVAL_S / 2):
-            silent = time.monotonic() - self._last_ok
+            now = time.monotonic()
+            if now - tick > LOST_AFTER_S:
+                # This thread itself did not run for that long: the whole process was paused
+                # (SIGSTOP, a frozen VM), so the check could not run either. A pause does not
+                # end the lock's session (the kernel answers the server's keepalives), so the
+                # check gets LOST_AFTER_S from now to prove the connection again: a session
+                # that did end fails it at once (or hangs past the deadline), and a healthy
+                # leader is not stopped for its own pause.
+                log.warning("the head was paused for %.0fs; checking the leader lock", now - tick)
+                self._resumed = now
+            tick = now
+            silent = now - max(self._last_ok, self._resumed)
             if silent > LOST_AFTER_S:
                 _lost(f"the leader lock's connection has not answered for {silent:.0f}s")
 

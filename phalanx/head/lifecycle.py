@@ -39,6 +39,7 @@ def move(tx: Tx, rec: JobRecord, to: JobState, kind: str, message: str, now: flo
     transition = move_job(rec.id, rec.state, to, message, rec.epoch, now)
     rec.state = to
     tx.event(now, kind, message, rec.id, move=transition)
+    tx.moved_jobs[rec.id] = rec
 
 
 def start(
@@ -219,7 +220,7 @@ def finalize(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
     tx.update_job(rec)
     del mirror.jobs[rec.id]
     mirror.live_per_user[rec.user] = mirror.live_per_user.get(rec.user, 1) - 1
-    _release_array_task(mirror, tx, rec, now)
+    release_array_slot(mirror, tx, rec)
     tx.kick = True
 
 
@@ -297,14 +298,18 @@ def preempt(mirror: Mirror, tx: Tx, rec: JobRecord, for_job: int, now: float) ->
     notify(mirror, tx, rec, rec.spec.preempt_signal, why, now)
 
 
-def _release_array_task(mirror: Mirror, tx: Tx, ended: JobRecord, now: float) -> None:
-    """An array task ended: let the next throttled task of the same array into the queue."""
+def release_array_slot(mirror: Mirror, tx: Tx, ended: JobRecord) -> None:
+    """An array task ended (or was held): let the next throttled task of the same array
+    into the queue (a held task waits for its release)."""
     if ended.array_job_id is None or ended.spec.array is None:
         return
     waiting = [
         r
         for r in mirror.jobs.values()
-        if r.array_job_id == ended.array_job_id and not r.in_core and r.state is JobState.PENDING
+        if r.array_job_id == ended.array_job_id
+        and not r.in_core
+        and r.hold is None
+        and r.state is JobState.PENDING
     ]
     if waiting:
         nxt = min(waiting, key=lambda r: r.id)

@@ -40,6 +40,9 @@ class Settings:
     # Agents keep their jobs through a head outage this long (when their peers confirm the
     # head is out rather than they are cut off: docs/fault-tolerance.md#head-outages).
     max_outage_s: float = 720.0  # a 10-minute outage, plus the head's own restart
+    # Where job notifications may be posted (head/notify.py): hosts or URL prefixes;
+    # ("none",): nowhere. The default is this machine only.
+    notify_allow: tuple[str, ...] = ("127.0.0.1", "localhost", "[::1]")
 
 
 @dataclass(slots=True)
@@ -94,8 +97,10 @@ class Tx:
         self._new_jobs: list[JobRecord] = []
         self.kick = False  # run a scheduling cycle before committing
         self.touched_nodes: set[str] = set()
-        # The state transitions of this transaction, in order (what tests and watchers read).
+        # The state transitions of this transaction, in order (what tests and watchers read),
+        # and the jobs that moved (job notifications read them after the commit).
         self.moves: list[JobTransition | NodeTransition] = []
+        self.moved_jobs: dict[int, JobRecord] = {}
 
     @property
     def conn(self) -> Connection:

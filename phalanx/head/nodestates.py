@@ -62,6 +62,7 @@ def register(mirror: Mirror, tx: Tx, req: RegisterRequest, now: float) -> NodeRe
         drain_cause=old.drain_cause if old is not None else None,
         drain_reason=old.drain_reason if old is not None else None,
         last_heartbeat=now,
+        heard_at=now,
         version=old.version if old is not None else 0,
     )
     mirror.nodes[req.name] = node

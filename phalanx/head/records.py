@@ -53,6 +53,7 @@ class JobRecord:
     notices: list[Notice] = field(default_factory=list)  # this epoch's signals to deliver
     notice_deadline: float | None = None  # a preemption notice's kill time (state PR)
     client_token: str | None = None  # the submitter's idempotency key
+    hold: str | None = None  # "user" or "admin": held pending (`phalanx hold`), by whom
     # Ephemeral (rebuilt from heartbeats): node → rank → latest status; node → version at
     # which the job left that node's desired state; when all ranks were first seen running.
     ranks: dict[str, dict[int, ProcessStatus]] = field(default_factory=dict)
@@ -113,6 +114,8 @@ class JobRecord:
                 for n, g in self.placement
             ],
             "workdir": spec.workdir,
+            "hold": self.hold,
+            "begin_time": spec.begin_time,
         }
 
     def row(self) -> dict[str, Any]:
@@ -148,6 +151,7 @@ class JobRecord:
             ),
             "notice_deadline": self.notice_deadline,
             "client_token": self.client_token,
+            "hold": self.hold,
         }
 
     @classmethod
@@ -186,6 +190,7 @@ class JobRecord:
             ),
             notice_deadline=row.notice_deadline,
             client_token=row.client_token,
+            hold=row.hold,
         )
 
 
@@ -207,7 +212,11 @@ class NodeRecord:
     # node that goes silent comes back drained.
     drain_cause: DrainCause | None = None
     drain_reason: str | None = None
+    # The lease is counted from `last_heartbeat`, which a restarted or thawed head sets to
+    # "now" for every node (a fresh lease); `heard_at` is when this head last really heard
+    # from the node (None: not since it started), which is what `phalanx nodes` shows.
     last_heartbeat: float | None = None
+    heard_at: float | None = None
     health_seq: int = 0  # the newest GPU health event handled (acknowledged to the agent)
     version: int = 0  # desired-state version; bumped whenever what it must run changes
     confinement: str = "unknown"  # how its agent confines jobs (cgroup-v1, …, none: why)
@@ -265,7 +274,7 @@ class NodeRecord:
         state = self.state.value
         if self.state is NodeState.DRAIN and jobs:
             state = "draining"
-        age = None if self.last_heartbeat is None else max(0.0, now - self.last_heartbeat)
+        age = None if self.heard_at is None else max(0.0, now - self.heard_at)
         return NodeInfo(
             name=self.name,
             address=self.address,
@@ -277,7 +286,7 @@ class NodeRecord:
             gpus=list(self.gpus),
             gpus_used=gpus_used,
             labels=dict(self.labels),
-            last_heartbeat=self.last_heartbeat,
+            last_heartbeat=self.heard_at,
             heartbeat_age_s=age,
             jobs=jobs,
             confinement=self.confinement,

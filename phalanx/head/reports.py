@@ -13,7 +13,7 @@ from phalanx.head.records import JobRecord, NodeRecord
 
 def heartbeat(mirror: Mirror, tx: Tx, node: NodeRecord, hb: Heartbeat, now: float) -> None:
     """Apply one agent report: liveness, master ports, GPU health and every rank's status."""
-    node.last_heartbeat = now
+    node.last_heartbeat = node.heard_at = now
     if node.state is NodeState.DOWN:
         nodestates.heard(mirror, tx, node, now)
     _master_ports(mirror, tx, node, hb)

@@ -14,13 +14,14 @@ from pydantic import ValidationError
 
 from phalanx.api import models as m
 from phalanx.core import DrainCause
-from phalanx.head import auth, jobs, lifecycle, nodestates, reports, store
+from phalanx.head import auth, jobcontrol, jobs, lifecycle, nodestates, reports, store, views
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.certs import AgentSigner
 from phalanx.head.control import ControlThread, HeadError, _core_team
 from phalanx.head.mirror import Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord, NodeRecord
 from phalanx.head.scheduling import pending_reason
+from phalanx.head.telemetry import GpuSamples
 from phalanx.tls import TLSError
 
 
@@ -37,6 +38,7 @@ class Head:
         self.signer: AgentSigner | None = None
         self.agent_verify: ssl.SSLContext | bool = True
         self.now: Callable[[], float] = control.clock.time  # token expiry, node liveness
+        self.samples = GpuSamples()  # each node's latest GPU telemetry (memory only)
         control.on_commit = self._on_commit
         # What agents accept from each other when they ask one another about the head during
         # an outage (docs/fault-tolerance.md#head-outages). Each head has its own; agents
@@ -75,6 +77,8 @@ class Head:
             user = store.user_row(conn, row.user)
             if user is None:
                 raise AuthError("the token's user no longer exists")
+            if user.disabled:
+                raise AuthError(f"user {row.user!r} is disabled: ask an admin")
             member = store.memberships_of(conn, row.user)
             qos = store.split_list(user.qos)
             return Principal(
@@ -108,16 +112,40 @@ class Head:
     def submit(self, who: Principal, spec: m.JobSpec) -> m.SubmitResponse:
         return self.control.call(lambda tx: jobs.submit(self.mirror, tx, who, spec))
 
-    def cancel(self, who: Principal, job_id: int) -> m.JobInfo:
-        rec = self.control.call(lambda tx: jobs.cancel(self.mirror, tx, who, job_id))
+    def control_jobs(self, fn: Callable[[Tx], list[JobRecord]]) -> m.JobList:
+        """Run a job control (head.jobcontrol) and answer with the jobs it acted on."""
+        recs = self.control.call(fn)
         with self.control.lock:
-            return rec.info(self.mirror.addresses())
+            addresses = self.mirror.addresses()
+            wires = [r.wire(addresses, pending_reason(self.mirror, r)) for r in recs]
+        with self.control.engine.connect() as conn:
+            views.add_run_times(conn, wires, self.now())
+        return m.JobList(jobs=[m.JobInfo.model_validate(w) for w in wires])
 
-    def signal(self, who: Principal, job_id: int, signal: str) -> m.JobInfo:
-        """Deliver `signal` to a running job's processes without ending it."""
-        rec = self.control.call(lambda tx: jobs.signal(self.mirror, tx, who, job_id, signal))
+    def job_id(self, ref: str) -> int:
+        """The id of the one job `ref` (`123`, `123_4`) names, live or ended (404: none)."""
+        first, task = jobcontrol.parse_ref(ref)
+        if task is None:
+            return first
         with self.control.lock:
-            return rec.info(self.mirror.addresses())
+            found = jobcontrol.task_id(self.mirror, first, task)
+        if found is None:
+            with self.control.engine.connect() as conn:
+                ended = store.array_task(conn, first, task)
+            if ended is None:
+                raise HeadError(404, f"no job {ref}")
+            found = ended.id
+        return found
+
+    def job_info(self, rec: JobRecord, live_reason: bool = False) -> m.JobInfo:
+        """A job's wire view with its run times over every run (views.add_run_times);
+        `live_reason`: a pending job's reason from the last cycle."""
+        with self.control.lock:
+            reason = pending_reason(self.mirror, rec) if live_reason else None
+            wire = rec.wire(self.mirror.addresses(), reason)
+        with self.control.engine.connect() as conn:
+            views.add_run_times(conn, [wire], self.now())
+        return m.JobInfo.model_validate(wire)
 
     def list_jobs(
         self,
@@ -129,6 +157,7 @@ class Head:
         states: set[str] | None,
         since: float | None,
         limit: int,
+        array: int | None = None,
     ) -> list[dict[str, Any]]:
         """The jobs `who` may see that match, as JobInfo's JSON-ready dicts (see
         JobRecord.wire): live ones from the mirror, ended ones from the database."""
@@ -137,6 +166,8 @@ class Head:
             with self.control.lock:
                 addresses = self.mirror.addresses()
                 for rec in self.mirror.jobs.values():
+                    if array is not None and rec.array_job_id != array:
+                        continue
                     if _visible(who, rec) and _matches(rec, user, team, states):
                         out.append(rec.wire(addresses, pending_reason(self.mirror, rec)))
                         if len(out) >= limit:
@@ -147,10 +178,13 @@ class Head:
             with self.control.lock:
                 addresses = self.mirror.addresses()
             with self.control.engine.connect() as conn:
-                for rec in store.ended_jobs(conn, since, scope, teams, limit):
+                for rec in store.ended_jobs(conn, since, scope, teams, limit, array):
                     if _visible(who, rec) and _matches(rec, user, team, states):
                         out.append(rec.wire(addresses))
-        return out[:limit]
+        out = out[:limit]
+        with self.control.engine.connect() as conn:
+            views.add_run_times(conn, out, self.now())
+        return out
 
     def job_record(self, who: Principal, job_id: int) -> JobRecord:
         with self.control.lock:
@@ -180,13 +214,23 @@ class Head:
         rec = self.job_record(who, job_id)
         with self.control.engine.connect() as conn:
             events = store.job_events(conn, job_id)
+        info = self.job_info(rec, live_reason=True)
+        now = self.now()
         with self.control.lock:
-            info = rec.info(self.mirror.addresses(), pending_reason(self.mirror, rec))
             progress = [rec.progress[r] for r in sorted(rec.progress)]
+            placement = list(rec.placement) if rec.state.holds_gpus else []
+            inventory = {
+                n: list(self.mirror.nodes[n].gpus) for n, _ in placement if n in self.mirror.nodes
+            }
+        gpus = self.samples.of_job(placement, inventory, now)
         spec, hidden = rec.spec, False
-        if spec.env and not who.may_see_job(rec.user, rec.team):
-            spec, hidden = spec.model_copy(update={"env": {}}), True
-        return m.JobDetail(job=info, spec=spec, events=events, progress=progress, env_hidden=hidden)
+        if (spec.env or spec.notify_url) and not who.may_see_job(rec.user, rec.team):
+            # A webhook URL is a secret as much as a variable is (chat hooks carry a key).
+            private: dict[str, Any] = {"env": {}, "notify_url": None, "notify_on": None}
+            spec, hidden = spec.model_copy(update=private), True
+        return m.JobDetail(
+            job=info, spec=spec, events=events, progress=progress, gpus=gpus, env_hidden=hidden
+        )
 
     def check_step_token(self, job_id: int, token: str | None) -> None:
         with self.control.lock:
@@ -209,6 +253,20 @@ class Head:
     def log_source(self, rec: JobRecord, rank: int) -> NodeRecord:
         """The node that holds rank `rank`'s logs."""
         n = len(rec.placement)
+        if not n and rec.state.terminal:
+            # 404, not the 409 of a job still queued: `logs -f` waits out a 409 for the job
+            # to start, and this one never will.
+            if rec.epoch == 0:
+                raise HeadError(
+                    404,
+                    f"job {rec.id} ended ({rec.state.value}) without ever running, so it has "
+                    "no logs",
+                )
+            raise HeadError(
+                404,
+                f"job {rec.id} ended ({rec.state.value}) while queued for a restart; the head "
+                "no longer knows which nodes hold its earlier runs' logs",
+            )
         if not n:
             raise HeadError(409, f"job {rec.id} has not started, so it has no logs yet")
         if rec.spec.launcher == "batch":
@@ -238,8 +296,31 @@ class Head:
                     for name, g in rec.placement
                     if name == node.name
                 )
-                out.append(node.info(ids, used, now))
+                info = node.info(ids, used, now)
+                reading = self.samples.latest(node.name)
+                if reading is not None:
+                    info = info.model_copy(
+                        update={
+                            "gpu_telemetry": list(reading.gpus),
+                            "telemetry_age_s": max(0.0, now - reading.time),
+                        }
+                    )
+                out.append(info)
         return m.NodeList(nodes=out)
+
+    # ------------------------------------------------------------------ standing
+    def priorities(self, who: Principal) -> m.PriorityList:
+        """The queue in the scheduler's order (`phalanx priority`): the jobs `who` may see."""
+        with self.control.lock:
+            jobs = self.mirror.jobs
+            visible = None if who.admin else {i for i, r in jobs.items() if _visible(who, r)}
+            qos = {i: r.qos for i, r in jobs.items()}
+            return views.priorities(self.mirror.core, self.now(), qos, visible)
+
+    def shares(self) -> m.ShareList:
+        """Every team's quota, use and fair-share standing (`phalanx share`)."""
+        with self.control.lock:
+            return views.shares(self.mirror.core, self.now())
 
     def set_drain(self, name: str, reason: str | None) -> m.NodeInfo:
         def op(tx: Tx) -> None:
@@ -295,6 +376,7 @@ class Head:
 
         self.control.call(op)
         self.forget_principals()  # the node's old credential (or a spent join token) revoked
+        self.samples.forget(req.name)  # a new node under the name: not its GPUs' readings
         s = self.mirror.settings
         return m.RegisterResponse(
             node_token=token,
@@ -349,6 +431,7 @@ class Head:
             reports.heartbeat(self.mirror, tx, node, hb, tx.now)
 
         await self.control.run_async(op)
+        self.samples.record(hb.name, hb.gpus, self.now())
         node = self.mirror.nodes[hb.name]
         if hb.wait_s > 0 and node.version == hb.version:
             event = self._wakers.setdefault(hb.name, asyncio.Event())
@@ -658,20 +741,6 @@ class Head:
         """Every token (an admin asking for all), else `who`'s own API tokens."""
         with self.control.engine.connect() as conn:
             return m.TokenList(tokens=store.tokens(conn, None if everyone else who.user))
-
-    def revoke(self, who: Principal, token_id: int) -> None:
-        """Revoke a token (and those it minted): admins any, users their own API tokens."""
-
-        def op(tx: Tx) -> None:
-            row = store.token_row(tx.conn, token_id)
-            if row is None:
-                raise HeadError(404, f"no token {token_id}")
-            if not who.admin and (row.kind != "api" or row.user != who.user):
-                raise HeadError(403, f"token {token_id} is not yours")
-            store.revoke_token(tx.conn, token_id)
-
-        self.control.call(op)
-        self.forget_principals()
 
     # ------------------------------------------------------------------ fault injection
     def fault_target(self, name: str) -> NodeRecord:

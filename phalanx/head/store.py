@@ -101,6 +101,22 @@ def job(conn: Connection, job_id: int) -> JobRecord | None:
     return None if row is None else JobRecord.from_row(row)
 
 
+def array_task(conn: Connection, array_job_id: int, task: int) -> JobRecord | None:
+    """Task `task` of array `array_job_id` (`123_4`), live or ended, if it exists."""
+    row = conn.execute(
+        select(db.jobs).where(
+            db.jobs.c.array_job_id == array_job_id, db.jobs.c.array_task_id == task
+        )
+    ).first()
+    return None if row is None else JobRecord.from_row(row)
+
+
+def update_job_spec(conn: Connection, rec: JobRecord) -> None:
+    """Write a job's spec (changed by `phalanx update`; `update_job` leaves it alone)."""
+    spec_json = rec.spec.model_dump_json()
+    conn.execute(update(db.jobs).where(db.jobs.c.id == rec.id).values(spec_json=spec_json))
+
+
 # Built once: every keyed submit runs it, and building a statement costs more than running it.
 _BY_CLIENT_TOKEN = select(db.jobs.c.id).where(
     db.jobs.c.user == bindparam("user"), db.jobs.c.client_token == bindparam("token")
@@ -120,8 +136,11 @@ def ended_jobs(
     user: str | None,
     teams: Iterable[str] | None,
     limit: int,
+    array_job_id: int | None = None,
 ) -> list[JobRecord]:
     query = select(db.jobs).where(db.jobs.c.state.not_in(LIVE_STATES))
+    if array_job_id is not None:
+        query = query.where(db.jobs.c.array_job_id == array_job_id)
     if since is not None:
         query = query.where(db.jobs.c.end_time >= since)
     if user is not None and teams is not None:
@@ -307,6 +326,7 @@ def users(conn: Connection) -> list[UserInfo]:
             uid=r.unix_uid,
             gid=r.unix_gid,
             qos=split_list(r.qos),
+            disabled=bool(r.disabled),
         )
         for r in conn.execute(select(db.users).order_by(db.users.c.name))
     ]

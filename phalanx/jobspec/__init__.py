@@ -5,7 +5,7 @@ from phalanx.jobspec.build import build_spec
 from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.options import SubmitOptions, merge
 from phalanx.jobspec.patterns import expand_pattern
-from phalanx.jobspec.sbatch import parse_sbatch
+from phalanx.jobspec.sbatch import check_script, parse_sbatch
 from phalanx.jobspec.units import parse_duration, parse_mem, parse_time
 from phalanx.jobspec.yamlspec import load_yaml
 
@@ -13,6 +13,7 @@ __all__ = [
     "JobSpecError",
     "SubmitOptions",
     "build_spec",
+    "check_script",
     "expand_pattern",
     "hostlist",
     "load_yaml",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,15 +11,20 @@ from pydantic import ValidationError
 
 from phalanx.api.models import JobSpec
 from phalanx.jobspec import hostlist
+from phalanx.jobspec.begin import parse_begin
 from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.exports import export_env
 from phalanx.jobspec.jobflags import parse_array, parse_dependency, parse_signal
+from phalanx.jobspec.notify import notify_fields
 from phalanx.jobspec.options import SubmitOptions
 from phalanx.jobspec.recovery import recovery_fields
 from phalanx.jobspec.resources import parse_count, resolve
 from phalanx.jobspec.units import parse_mem, parse_time
+from phalanx.jobspec.wording import echo, plain
 
 LAUNCHERS = ("torchrun", "node", "batch")
+MAX_CPUS_PER_TASK = 4096  # JobSpec's bounds, checked here so the message names the flag
+MAX_RESTARTS = 1000
 # How each JobSpec field is spelled on the command line, for error messages.
 _OPTION_OF = {
     "name": "-J/--job-name", "command": "the command", "script": "the script",
@@ -31,7 +37,8 @@ _OPTION_OF = {
     "signal": "--signal", "max_restarts": "--max-restarts", "exclude_nodes": "-x/--exclude",
     "restart_on_failure": "--restart-on-failure", "checkpoint_dir": "--checkpoint-dir",
     "preempt_signal": "--preempt-signal", "preempt_grace_s": "--preempt-grace",
-    "hang_timeout_s": "--hang-timeout",
+    "hang_timeout_s": "--hang-timeout", "nodelist": "-w/--nodelist", "begin_time": "--begin",
+    "notify_url": "--notify-url / --mail-user", "notify_on": "--mail-type",
 }  # fmt: skip
 
 
@@ -90,13 +97,17 @@ def assemble(
     if res.gpu_model is not None:
         fields["gpu_model"] = res.gpu_model
     if opts.cpus_per_task is not None:
-        fields["cpus_per_task"] = parse_count("--cpus-per-task", opts.cpus_per_task)
+        fields["cpus_per_task"] = parse_count(
+            "--cpus-per-task", opts.cpus_per_task, maximum=MAX_CPUS_PER_TASK
+        )
     if opts.mem is not None:
         fields["mem_mb"] = parse_mem(opts.mem) or None  # 0: Slurm's "whole node"; no request
     if opts.time is not None:
         fields["time_limit_s"] = parse_time(opts.time)
     if opts.max_restarts is not None:
-        fields["max_restarts"] = parse_count("--max-restarts", opts.max_restarts, minimum=0)
+        fields["max_restarts"] = parse_count(
+            "--max-restarts", opts.max_restarts, minimum=0, maximum=MAX_RESTARTS
+        )
     for field, value in (
         ("team", opts.partition),
         ("qos", opts.qos),
@@ -121,7 +132,16 @@ def assemble(
         warnings.extend(signal_warnings)
     if opts.exclude is not None:
         fields["exclude_nodes"] = hostlist.expand(opts.exclude)
+    if opts.nodelist is not None:
+        fields["nodelist"] = hostlist.expand(opts.nodelist)
+        if opts.nodes is None and opts.gpus is None:
+            fields["nodes"] = len(fields["nodelist"])  # as sbatch: one node per name
+    if opts.begin is not None:
+        fields["begin_time"] = parse_begin(opts.begin, time.time())
     fields.update(recovery_fields(opts, fields["workdir"]))
+    notify, notify_warnings = notify_fields(opts)
+    fields.update(notify)
+    warnings.extend(notify_warnings)
     env, env_warnings = export_env(opts.export, environ)
     warnings.extend(env_warnings)
     extra = dict(extras or {})
@@ -177,9 +197,7 @@ def _validate(fields: dict[str, Any]) -> JobSpec:
             field = str(loc[0]) if loc else "?"
             where = _OPTION_OF.get(field, field)
             detail = ".".join(str(part) for part in loc[1:])
-            shown = repr(error.get("input"))
-            shown = shown if len(shown) <= 80 else shown[:77] + "..."
             problems.append(
-                f"{where}{' (' + detail + ')' if detail else ''}: {error['msg']} (got {shown})"
+                f"{where}{' (' + detail + ')' if detail else ''}: {plain(error)}{echo(error)}"
             )
-        raise JobSpecError("invalid job: " + "; ".join(problems)) from None
+        raise JobSpecError("; ".join(problems)) from None

@@ -18,8 +18,8 @@ from phalanx.jobspec.errors import JobSpecError
 MAX_ARRAY_INDEX = 4_000_000  # ArraySpec's bound on an index
 _DEPENDENCY_TYPES = ("after", "afterok", "afterany", "afternotok")
 _UNSUPPORTED_DEPENDENCIES = ("singleton", "aftercorr", "afterburstbuffer", "expand")
-_ARRAY_ITEM = re.compile(r"([0-9]{1,9})(?:-([0-9]{1,9})(?::([0-9]{1,9}))?)?")
-_SIGNAL = re.compile(r"(?:([RB]+):)?([A-Za-z0-9]{1,20})(?:@([0-9]{1,9}))?")
+_ARRAY_ITEM = re.compile(r"([0-9]{1,30})(?:-([0-9]{1,30})(?::([0-9]{1,30}))?)?")
+_SIGNAL = re.compile(r"(?:([RB]+):)?([A-Za-z0-9]{1,20})(?:@([0-9]{1,30}))?")
 
 
 def parse_dependency(text: str) -> tuple[list[DependencySpec], bool]:

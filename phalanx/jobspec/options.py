@@ -48,6 +48,8 @@ class SubmitOptions:
     export: str | None = None  # --export
     constraint: str | None = None  # -C/--constraint → gpu_model
     exclude: str | None = None  # -x/--exclude (hostlist)
+    nodelist: str | None = None  # -w/--nodelist (hostlist): only these nodes
+    begin: str | None = None  # -b/--begin: not before this time
     max_restarts: str | None = None  # --max-restarts (Phalanx)
     # Fault tolerance (Phalanx's own, like --max-restarts):
     restart_on_failure: bool | None = None  # --restart-on-failure / --no-restart-on-failure
@@ -55,6 +57,10 @@ class SubmitOptions:
     preempt_signal: str | None = None  # --preempt-signal: USR1, SIGUSR1 or a number
     preempt_grace: str | None = None  # --preempt-grace: seconds or a -t form
     hang_timeout: str | None = None  # --hang-timeout: seconds or a -t form; 0 = off
+    # Notifications (jobspec/notify.py): a webhook, and Slurm's mail options mapped to it.
+    notify_url: str | None = None  # --notify-url (Phalanx)
+    mail_type: str | None = None  # --mail-type: BEGIN,END,FAIL,REQUEUE,ALL,NONE
+    mail_user: str | None = None  # --mail-user: used when it is an http(s) URL
 
 
 def merge(script: SubmitOptions, cli: SubmitOptions) -> SubmitOptions:

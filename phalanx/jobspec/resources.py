@@ -10,7 +10,9 @@ from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.options import SubmitOptions
 
 _MODEL = re.compile(r"[A-Za-z0-9_.@+-]+")
-_NUMBER = re.compile(r"[0-9]{1,12}")  # ASCII only: str.isdigit() also takes other scripts' digits
+# ASCII only: str.isdigit() also takes other scripts' digits. Bounded, so that conversion
+# never fails, yet long enough that a number too large is told "at most N".
+_NUMBER = re.compile(r"[0-9]{1,30}")
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class Resources:
 def parse_count(option: str, text: str, *, minimum: int = 1, maximum: int | None = None) -> int:
     """A whole number for `option`, within bounds, or a JobSpecError naming both."""
     raw = text.strip()
-    if not re.fullmatch(r"[+-]?[0-9]{1,12}", raw):
+    if not re.fullmatch(r"[+-]?[0-9]{1,30}", raw):
         raise JobSpecError(f"{option}={text}: expected a whole number")
     value = int(raw)
     if value < minimum:
@@ -45,7 +47,7 @@ def resolve(opts: SubmitOptions) -> Resources:
 
 
 def _nodes(text: str) -> int:
-    span = re.fullmatch(r"\s*([0-9]{1,12})\s*-\s*([0-9]{1,12})\s*", text)
+    span = re.fullmatch(r"\s*([0-9]{1,30})\s*-\s*([0-9]{1,30})\s*", text)
     if span is None:
         return parse_count("--nodes", text, maximum=MAX_NODES)
     if int(span.group(1)) != int(span.group(2)):

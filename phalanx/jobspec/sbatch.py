@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.options import SubmitOptions
+from phalanx.jobspec.wording import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ _SUPPORTED = [
     _value("export", "export"),
     _value("constraint", "constraint", "C"),
     _value("exclude", "exclude", "x"),
+    _value("nodelist", "nodelist", "w"),
+    _value("begin", "begin", "b"),
     _value("launcher", "launcher"),  # Phalanx's own
     _value("max-restarts", "max_restarts"),  # Phalanx's own, as are the ones below
     _flag("restart-on-failure", "restart_on_failure", True),
@@ -63,19 +66,22 @@ _SUPPORTED = [
     _value("preempt-signal", "preempt_signal"),
     _value("preempt-grace", "preempt_grace"),
     _value("hang-timeout", "hang_timeout"),
+    _value("notify-url", "notify_url"),  # Phalanx's own: --mail-* map to it (jobspec/notify.py)
+    _value("mail-type", "mail_type"),
+    _value("mail-user", "mail_user"),
 ]
 # Slurm options Phalanx does not honour: named here so that their value is skipped
 # correctly and the warning says "not supported" rather than "unknown".
 _UNSUPPORTED_WITH_VALUE = {
-    "acctg-freq": None, "batch": None, "bb": None, "bbf": None, "begin": "b",
+    "acctg-freq": None, "batch": None, "bb": None, "bbf": None,
     "cluster-constraint": None, "clusters": "M", "comment": None, "container": None,
     "container-id": None, "core-spec": "S", "cores-per-socket": None, "cpu-bind": None,
     "cpu-freq": None, "cpus-per-gpu": None, "deadline": None, "delay-boot": None,
     "distribution": "m", "export-file": None, "extra-node-info": "B", "gid": None,
     "gpu-bind": None, "gpu-freq": None, "gres-flags": None, "hint": None, "input": "i",
-    "kill-on-invalid-dep": None, "licenses": "L", "mail-type": None, "mail-user": None,
+    "kill-on-invalid-dep": None, "licenses": "L",
     "mcs-label": None, "mem-bind": None, "mem-per-cpu": None, "mem-per-gpu": None,
-    "mincpus": None, "network": None, "nodefile": "F", "nodelist": "w",
+    "mincpus": None, "network": None, "nodefile": "F",
     "ntasks-per-core": None, "ntasks-per-gpu": None, "ntasks-per-socket": None,
     "open-mode": None, "power": None, "prefer": None, "priority": None, "profile": None,
     "reservation": None, "segment": None, "sockets-per-node": None, "switches": None,
@@ -99,6 +105,28 @@ _OPTIONS = [
 _BY_LONG = {opt.long: opt for opt in _OPTIONS}
 _BY_SHORT = {opt.short: opt for opt in _OPTIONS if opt.short}
 _DIRECTIVE = "#SBATCH"
+
+
+def check_script(text: str) -> None:
+    """Refuse a batch script file that sbatch refuses: one whose first line is not
+    `#!INTERPRETER` ("This does not look like a batch script"), and a binary file, which
+    would otherwise fail only when it ran (`cannot execute binary file`, exit 126).
+    An empty script is left to build_spec, which says so."""
+    if not text.strip():
+        return
+    if "\x00" in text:
+        raise JobSpecError(
+            "a binary file, not a batch script; to run a program, put it after --: "
+            "phalanx submit [FLAGS] -- PROGRAM ARGS…"
+        )
+    if not text.startswith("#!"):
+        first = text.splitlines()[0] if text.splitlines() else ""
+        shown = first if len(first) <= 40 else first[:37] + "..."
+        raise JobSpecError(
+            f"not a batch script: its first line ({shown!r}) must start with #! and an "
+            "interpreter, e.g. #!/bin/bash (as sbatch requires); to run a command, put it "
+            "after --: phalanx submit [FLAGS] -- CMD ARGS…"
+        )
 
 
 def parse_sbatch(text: str) -> tuple[SubmitOptions, list[str]]:
@@ -157,9 +185,10 @@ def _parse_line(rest: str, number: int, opts: SubmitOptions, warnings: list[str]
             opt = _lookup_long(name)
             if opt is None:
                 label = f"--{name}"
+                hint = did_you_mean(name, _BY_LONG, prefix="--")
                 if value is None and i < len(tokens) and not tokens[i].startswith("-"):
                     label, i = f"{label} {tokens[i]}", i + 1
-                warnings.append(f"line {number}: unknown option {label}; ignored")
+                warnings.append(f"line {number}: unknown option {label}{hint}; ignored")
                 continue
             shown = f"--{opt.long}"
         elif token.startswith("-") and len(token) > 1 and token[1] != "-":

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import re
 
+from phalanx.api.models import MAX_INT32
 from phalanx.jobspec.errors import JobSpecError
 
 _TIME_FORMS = (
     "minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes, "
     "days-hours:minutes:seconds, or UNLIMITED"
 )
-# `[0-9]` rather than `\d`: `\d` also matches non-ASCII digits, which Slurm does not take;
-# bounded, so absurdly long numbers are refused instead of being converted.
-_DAYS = re.compile(r"([0-9]{1,9})-([0-9]{1,9})(?::([0-9]{1,9})(?::([0-9]{1,9}))?)?")
-_CLOCK = re.compile(r"([0-9]{1,9})(?::([0-9]{1,9})(?::([0-9]{1,9}))?)?")
-_SECONDS = re.compile(r"[0-9]{1,9}")
+# `[0-9]` rather than `\d`: `\d` also matches non-ASCII digits, which Slurm does not take.
+# Bounded, so a number is never too long to convert (Python refuses 4300+ digits), yet
+# long enough that a number too large is told so (`too large`), not called invalid.
+_N = "[0-9]{1,30}"
+_DAYS = re.compile(rf"({_N})-({_N})(?::({_N})(?::({_N}))?)?")
+_CLOCK = re.compile(rf"({_N})(?::({_N})(?::({_N}))?)?")
+_SECONDS = re.compile(_N)
+MAX_TIME_LIMIT_S = MAX_INT32  # JobSpec.time_limit_s's bound: about 68 years
 _DURATION_FORMS = (
     "seconds, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes or "
     "days-hours:minutes:seconds (e.g. 90, 1:30, 0:10:00)"
 )
-_MEM = re.compile(r"([0-9]{1,12})([KMGT])?(?:I?B)?", re.IGNORECASE)
+_MEM = re.compile(rf"({_N})([KMGT])?(?:I?B)?", re.IGNORECASE)
+MAX_MEM_MB = MAX_INT32  # JobSpec.mem_mb's bound: 2 PiB
 _MEM_FACTOR_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 
 
@@ -40,6 +45,11 @@ def parse_time(text: str) -> int | None:
     total = _slurm_seconds(raw)
     if total is None:
         raise JobSpecError(f"invalid time limit {text!r}; use {_TIME_FORMS}")
+    if total > MAX_TIME_LIMIT_S:
+        raise JobSpecError(
+            f"time limit {text!r} is too large (max {_clock(MAX_TIME_LIMIT_S)}, about 68 "
+            "years); use UNLIMITED for no limit"
+        )
     return total or None
 
 
@@ -79,6 +89,12 @@ def _slurm_seconds(raw: str) -> int | None:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
+def _clock(seconds: int) -> str:
+    """Seconds as `-t`'s longest form, D-HH:MM:SS."""
+    days, rest = divmod(seconds, 86400)
+    return f"{days}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+
+
 def parse_mem(text: str) -> int:
     """Parse a Slurm memory size into MB (binary units: 1G = 1024M).
 
@@ -95,6 +111,8 @@ def parse_mem(text: str) -> int:
         )
     number = int(match.group(1))
     unit = (match.group(2) or "M").upper()
-    if unit == "K":
-        return -(-number // 1024)  # round up: 1K still needs a whole MB
-    return number * int(_MEM_FACTOR_MB[unit])
+    # Kilobytes round up: 1K still needs a whole MB.
+    mb = -(-number // 1024) if unit == "K" else number * int(_MEM_FACTOR_MB[unit])
+    if mb > MAX_MEM_MB:
+        raise JobSpecError(f"memory size {text!r} is too large (max {MAX_MEM_MB}M, about 2048T)")
+    return mb

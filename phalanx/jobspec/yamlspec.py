@@ -13,6 +13,7 @@ from phalanx.api.models import JobSpec
 from phalanx.jobspec.build import assemble
 from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.options import SubmitOptions
+from phalanx.jobspec.wording import did_you_mean
 
 
 class _Loader(yaml.SafeLoader):
@@ -82,15 +83,18 @@ _OPTION_KEYS: dict[str, tuple[str, Callable[[str, Any], str | bool]]] = {
     "chdir": ("workdir", _text), "export": ("export", _text_or_list),
     "gpu_model": ("constraint", _text), "constraint": ("constraint", _text),
     "exclude": ("exclude", _text_or_list), "exclude_nodes": ("exclude", _text_or_list),
+    "nodelist": ("nodelist", _text_or_list), "begin": ("begin", _text),
     "max_restarts": ("max_restarts", _text),
     "restart_on_failure": ("restart_on_failure", _flag),
     "checkpoint_dir": ("checkpoint_dir", _text), "preempt_signal": ("preempt_signal", _text),
     "preempt_grace": ("preempt_grace", _text), "hang_timeout": ("hang_timeout", _text),
+    "notify_url": ("notify_url", _text), "mail_type": ("mail_type", _text_or_list),
+    "mail_user": ("mail_user", _text),
 }  # fmt: skip
 # Keys taken in JobSpec's own wire form, checked by JobSpec itself.
 _WIRE_KEYS = {
     "mem_mb", "time_limit_s", "env", "dependencies", "dependency_any", "preemptible",
-    "preempt_grace_s", "hang_timeout_s",
+    "preempt_grace_s", "hang_timeout_s", "notify_on",
 }  # fmt: skip
 _RUN_KEYS = {"command", "script"}
 _SAME = [  # spellings of one thing: give one of each
@@ -98,6 +102,7 @@ _SAME = [  # spellings of one thing: give one of each
     {"team", "partition"}, {"gpu_model", "constraint"}, {"workdir", "chdir"},
     {"dependency", "dependencies"}, {"exclude", "exclude_nodes"},
     {"preempt_grace", "preempt_grace_s"}, {"hang_timeout", "hang_timeout_s"},
+    {"mail_type", "notify_on"},
 ]  # fmt: skip
 ALLOWED_KEYS = frozenset({*_OPTION_KEYS, *_WIRE_KEYS, *_RUN_KEYS, "array", "signal"})
 
@@ -125,8 +130,9 @@ def load_yaml(text: str, *, cwd: str, environ: Mapping[str, str]) -> tuple[JobSp
     data = {str(key).replace("-", "_"): value for key, value in data.items()}
     unknown = sorted(set(data) - ALLOWED_KEYS)
     if unknown:
+        named = ", ".join(key + did_you_mean(key, ALLOWED_KEYS) for key in unknown)
         raise JobSpecError(
-            f"unknown key(s) in the YAML job file: {', '.join(unknown)}; allowed keys: "
+            f"unknown key(s) in the YAML job file: {named}; allowed keys: "
             + ", ".join(sorted(ALLOWED_KEYS))
         )
     for same in _SAME:

@@ -112,7 +112,8 @@ def run(state_dir: Path, steps: int, console: Console) -> int:
         for line in lines[-2:]:
             console.print(f"  rank 0: {line}")
         console.print(
-            "By hand: `phalanx up --nodes 2 --gpus-per-node 4`, then in another terminal "
+            "By hand: `source .venv/bin/activate` (puts `phalanx` and the venv's python on "
+            "PATH), `phalanx up --nodes 2 --gpus-per-node 4`, then in another terminal "
             "`phalanx submit -N 2 --gpus-per-node 2 -- python -m phalanx.local.demo_workload` "
             "and `phalanx queue`, `phalanx logs JOB -f`, `phalanx history` (README)."
         )

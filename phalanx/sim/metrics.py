@@ -50,6 +50,13 @@ def timeline(results: Sequence[SimResult]) -> tuple[FloatArray, FloatArray, Floa
     return grid, busy, queued
 
 
+def busy_gpu_s(grid: FloatArray, busy: FloatArray, start: float, end: float) -> float:
+    """GPU-seconds busy between `start` and `end` (busy[i] holds from grid[i] to grid[i+1])."""
+    if grid.size < 2 or end <= start:
+        return 0.0
+    return float(np.sum(busy[:-1] * np.diff(np.clip(grid, start, end))))
+
+
 def summarize(
     results: Sequence[SimResult], failures: FailureModel | None = None, wall_s: float | None = None
 ) -> dict[str, Any]:
@@ -68,8 +75,18 @@ def summarize(
     t0 = float(submit.min()) if submit.size else 0.0
     t1 = float(finish[done].max()) if done.any() else t0
     grid, busy, queued = timeline(results)
-    busy_gpu_s = float(np.sum(busy[:-1] * np.diff(grid))) if grid.size > 1 else 0.0
     span = max(t1 - t0, 1e-9)
+    whole = busy_gpu_s(grid, busy, t0, t1) / (total_gpus * span) if total_gpus else 0.0
+    # The whole-run figure averages in the drain after the last arrival, when the queue
+    # empties and GPUs go idle (days, on a long trace); while jobs still arrive is the
+    # steady state a cluster of that load would see.
+    last_submit = float(submit.max()) if submit.size else t0
+    arriving = last_submit - t0
+    steady = (
+        busy_gpu_s(grid, busy, t0, last_submit) / (total_gpus * arriving)
+        if total_gpus and arriving > 0
+        else None
+    )
 
     service: list[float] = []
     for team in sorted(set(teams[done].tolist())):
@@ -95,7 +112,8 @@ def summarize(
         "avg_queue_s": _mean(queue),
         "p50_queue_s": _pct(queue, 50),
         "p99_queue_s": _pct(queue, 99),
-        "utilization": busy_gpu_s / (total_gpus * span) if total_gpus else 0.0,
+        "utilization": whole,
+        "utilization_while_arriving": steady,
         "makespan_s": t1 - t0,
         "jain_fairness": jain_index(service),
         "preemptions": int(sum(r.preemptions for r in results)),

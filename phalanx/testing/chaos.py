@@ -12,7 +12,6 @@ starts is stopped when it returns or raises.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import pwd
 import random
@@ -22,22 +21,16 @@ import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from phalanx.api.models import JobInfo, JobSpec, UserCreate
-from phalanx.client.api import ApiError, PhalanxClient
+from phalanx.api.models import JobSpec, UserCreate
+from phalanx.client.api import ApiError
 from phalanx.local.cluster import LocalCluster
 from phalanx.testing import workload
+from phalanx.testing.audit import Submission, audit, ledger_env, settle, submission_counts
 from phalanx.testing.faults import ACTIONS, Faults, retry
-from phalanx.testing.invariants import (
-    Verdict,
-    check_accounted,
-    check_gpu_exclusive,
-    check_never_twice,
-    check_no_step_back,
-)
+from phalanx.testing.invariants import Verdict
 
 # (nodes, GPUs per node, weight): mostly one node, a share of 2-node gangs.
 SHAPES = ((1, 1, 0.4), (1, 2, 0.25), (2, 1, 0.2), (2, 2, 0.15))
@@ -98,22 +91,6 @@ class ChaosConfig:
 
 
 @dataclass
-class Submission:
-    """One submit the driver made; `job_id` set when the head accepted it."""
-
-    seq: int
-    name: str
-    workdir: Path
-    steps: int
-    nodes: int
-    gpus_per_node: int
-    user: str | None = None  # the Unix account it runs as (None: the cluster's own)
-    job_id: int | None = None
-    error: str | None = None  # why not accepted
-    unreachable: bool = False  # the head did not answer (down, restarting)
-
-
-@dataclass
 class ChaosReport:
     """What a run did and found; `ok` when every invariant held."""
 
@@ -141,7 +118,6 @@ class ChaosReport:
 
     def to_json(self) -> dict[str, Any]:
         """One JSON-ready object: counts, the invariants' results, evidence."""
-        subs = self.submissions
         return {
             "ok": self.ok,
             "seed": self.config.seed,
@@ -149,10 +125,7 @@ class ChaosReport:
             "config": asdict(self.config),
             "actions": dict(sorted(self.actions.items())),
             "skipped_actions": dict(sorted(self.skipped.items())),
-            "submitted": len(subs),
-            "accepted": sum(s.job_id is not None for s in subs),
-            "refused_head_unreachable": sum(s.unreachable for s in subs),
-            "rejected": sum(s.error is not None and not s.unreachable for s in subs),
+            **submission_counts(self.submissions),
             "unacknowledged_in_head": self.unacknowledged,
             "final_states": dict(sorted(self.final_states.items())),
             "restarts": self.restarts,
@@ -289,31 +262,24 @@ class _Driver:
                 if sub.user is not None:  # the job writes its ledger as its own user
                     account = pwd.getpwnam(sub.user)
                     os.chown(workdir, account.pw_uid, account.pw_gid)
-                env = {"LEDGER": str(workdir / "ledger.jsonl"), "OMP_NUM_THREADS": "1"}
-                env["LEDGER_DEADLINE"] = f"{deadline:.0f}"
                 spec = JobSpec(
                     name=sub.name,
                     command=workload.command(sub.steps, self.cfg.step_s),
                     workdir=str(workdir),
-                    env=env,
+                    env=ledger_env(sub, deadline),
                     nodes=nodes,
                     gpus_per_node=gpus,
                     max_restarts=self.cfg.max_restarts,
                     restart_on_failure=rng.random() < 0.5,
                 )
-                submitter = clients[sub.user] if sub.user is not None else client
-                try:
-                    sub.job_id = submitter.submit(spec).job_ids[0]
-                except ApiError as exc:
-                    sub.error = str(exc)
-                    sub.unreachable = exc.status is None or exc.status >= 500
+                sub.submit(clients[sub.user] if sub.user is not None else client, spec)
                 self.report.submissions.append(sub)
 
     # ------------------------------------------------------------------ chaos
     def _ledger(self, job_id: int) -> Path | None:
         for s in list(self.report.submissions):
             if s.job_id == job_id:
-                return s.workdir / "ledger.jsonl"
+                return s.ledger
         return None
 
     def _chaos_loop(self, faults: Faults, until: float) -> None:
@@ -349,88 +315,15 @@ class _Driver:
 
     def _settle(self) -> None:
         """Let jobs finish for settle_s; cancel what is left; wait until all have ended."""
-        ids = [s.job_id for s in self.report.submissions if s.job_id is not None]
-        if _wait_ended(self.client, ids, self.cfg.settle_s):
-            return
-        for info in retry(lambda: self.client.jobs(active=True)).jobs:
-            if info.name.startswith(NAME_PREFIX) and info.state in ("PD", "R", "PR"):
-                with contextlib.suppress(ApiError):  # 409: it ended meanwhile
-                    self.client.cancel(info.id)
-        self.say("settle time over: cancelled what was still queued or running")
-        _wait_ended(self.client, ids, 60)
+        settle(self.client, self.report.submissions, NAME_PREFIX, self.cfg.settle_s, self.say)
 
     # ------------------------------------------------------------------ invariants
     def _check(self) -> None:
-        subs = self.report.submissions
-        listed = retry(lambda: self.client.jobs(active=True, ended=True, limit=100_000)).jobs
-        ours = [j for j in listed if j.name.startswith(NAME_PREFIX)]
-        names = Counter(j.name for j in ours)
-        head: dict[int, JobInfo] = {}
-        for job_id in (s.job_id for s in subs if s.job_id is not None):
-            with contextlib.suppress(ApiError):  # 404: unknown to the head (a violation)
-                head[job_id] = retry(partial(self.client.job, job_id)).job
-        accepted = {s.name for s in subs if s.job_id is not None}
-        self.report.unacknowledged = sum(1 for j in ours if j.name not in accepted)
-        self.report.final_states = Counter(i.state for i in head.values())
-        self.report.restarts = sum(i.restart_count for i in head.values())
-        lives = [
-            life
-            for s in subs
-            for life in workload.lives(workload.read_ledger(s.workdir / "ledger.jsonl"))
-        ]
-        self.report.runs = len(lives)
-        # Who wrote each job's ledger: the Unix account its processes ran as.
-        self.report.ledger_owners = Counter(
-            _owner(s.workdir / "ledger.jsonl")
-            for s in subs
-            if (s.workdir / "ledger.jsonl").exists()
-        )
-        shapes = {s.job_id: s for s in subs if s.job_id is not None}
-        completed = {
-            i.id: (i.epoch, shapes[i.id].nodes * shapes[i.id].gpus_per_node, shapes[i.id].steps)
-            for i in head.values()
-            if i.state == "CD"
-        }
-        self.report.invariants = [
-            check_accounted([(s.name, s.job_id) for s in subs], head, names),
-            check_never_twice(lives),
-            check_no_step_back(lives, completed),
-            check_gpu_exclusive(lives),
-        ]
-        for verdict in self.report.invariants:
-            for line in verdict.violations:
-                for job in _job_ids(line)[:2]:
-                    if job not in self.report.evidence and len(self.report.evidence) < 10:
-                        self.report.evidence[job] = _events(self.client, job)
-
-
-def _owner(path: Path) -> str:
-    uid = path.stat().st_uid
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
-
-
-def _wait_ended(client: PhalanxClient, ids: list[int], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        active = {j.id for j in retry(lambda: client.jobs(active=True)).jobs}
-        if not active & set(ids):
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-
-
-def _job_ids(line: str) -> list[int]:
-    words = line.replace(":", " ").split()
-    return [int(w) for a, w in itertools.pairwise(words) if a == "job" and w.isdigit()]
-
-
-def _events(client: PhalanxClient, job_id: int) -> list[str]:
-    try:
-        detail = client.job(job_id)
-    except ApiError as exc:
-        return [f"(no detail: {exc})"]
-    return [f"{e.time:.3f} {e.kind} {e.node or ''}: {e.message}" for e in detail.events]
+        found = audit(self.client, self.report.submissions, NAME_PREFIX)
+        self.report.unacknowledged = found.unacknowledged
+        self.report.final_states = found.final_states
+        self.report.restarts = found.restarts
+        self.report.runs = len(found.lives)
+        self.report.ledger_owners = found.ledger_owners
+        self.report.invariants = found.invariants
+        self.report.evidence = found.evidence

@@ -29,7 +29,7 @@ from phalanx.api.models import (
     RegisterRequest,
     TeamSpec,
 )
-from phalanx.head import db, jobs, nodestates, reports, store
+from phalanx.head import db, jobcontrol, jobs, nodestates, reports, store
 from phalanx.head.auth import Principal
 from phalanx.head.control import ControlThread
 from phalanx.head.migrate import upgrade
@@ -124,7 +124,7 @@ class HeadLoop:
         return int(self.op(lambda tx: jobs.submit(self.mirror, tx, USER, job)).job_ids[0])
 
     def cancel(self, job_id: int) -> None:
-        self.op(lambda tx: jobs.cancel(self.mirror, tx, USER, job_id))
+        self.op(lambda tx: jobcontrol.cancel(self.mirror, tx, USER, str(job_id)))
 
     def exit(self, job_id: int, rank: int, code: int = 0, signal: int | None = None) -> None:
         """Rank `rank` of the job's current epoch exits (reported at the next heartbeat)."""

@@ -1,6 +1,7 @@
 """The fault-tolerance invariants a chaos run checks (docs/fault-tolerance.md): no accepted
 job lost or duplicated, never two live copies, no step lost past a checkpoint, no GPU held
-by two jobs at once. Pure functions over the head's answers and the jobs' ledgers."""
+by two jobs at once; and the one routine operations must keep: no job killed at all. Pure
+functions over the head's answers and the jobs' ledgers."""
 
 from __future__ import annotations
 
@@ -173,3 +174,35 @@ def check_accounted(
         if info.state not in TERMINAL and info.state != "PD":
             bad.append(f"job {job_id} is still {info.state} at the end (not ended or queued)")
     return Verdict.of("accounted", len(ids), bad)
+
+
+def check_none_killed(
+    all_lives: list[Life], head: Mapping[int, JobInfo], ranks: Mapping[int, int]
+) -> Verdict:
+    """No job was killed, requeued or restarted: each job of `head` (accepted id → the
+    head's answer; `ranks`: id → its processes per run) ended CD with restart_count 0, and
+    its ledger shows one epoch in which every rank ran as exactly one process that logged
+    its end with code 0."""
+    by_job: dict[int, list[Life]] = {}
+    for life in all_lives:
+        by_job.setdefault(life.job, []).append(life)
+    bad = []
+    for job, info in sorted(head.items()):
+        if info.state != "CD" or info.restart_count:
+            bad.append(f"job {job} ended {info.state} after {info.restart_count} restart(s)")
+        runs = by_job.get(job, [])
+        epochs = sorted({x.epoch for x in runs})
+        if len(epochs) > 1:
+            bad.append(f"job {job} ran in {len(epochs)} epochs {epochs} (restarted)")
+        per_rank = Counter(x.rank for x in runs)
+        for rank in range(ranks.get(job, 0)):
+            if per_rank[rank] != 1:
+                bad.append(f"job {job} rank {rank} ran as {per_rank[rank]} processes (not 1)")
+        for x in runs:
+            if x.end_code != 0:
+                how = "without an end line" if x.end_code is None else f"with code {x.end_code}"
+                bad.append(
+                    f"job {job} epoch {x.epoch} rank {x.rank} (pid {x.pid} on {x.node}) "
+                    f"stopped {how} at step {x.last_step}"
+                )
+    return Verdict.of("none_killed", len(head), bad)

@@ -36,7 +36,10 @@ def command(steps: int, delay_s: float, *flags: str) -> list[str]:
 
     `flags`: `--exit-on-notice` (exit 75, "requeue me", after logging a signal),
     `--fail-rank R` (rank R exits 3 after its first step), `--report-steps N` (report
-    progress for the first N steps of each run, then go silent: a hang).
+    progress for the first N steps of each run, then go silent: a hang), `--hold PATH`
+    (go on stepping past `steps` until PATH exists: a job that runs while a test acts),
+    `--hurry-file PATH` (once PATH exists, the remaining steps do not sleep: a job that must
+    outlast something of unknown length still ends at a known step, soon after it is told to).
     """
     return [sys.executable, str(Path(__file__).resolve()), str(steps), str(delay_s), *flags]
 
@@ -146,6 +149,8 @@ def _main(argv: list[str]) -> int:
     steps, delay, flags = int(argv[0]), float(argv[1]), argv[2:]
     fail_rank = int(flags[flags.index("--fail-rank") + 1]) if "--fail-rank" in flags else None
     report_steps = int(flags[flags.index("--report-steps") + 1]) if "--report-steps" in flags else 0
+    hold = Path(flags[flags.index("--hold") + 1]) if "--hold" in flags else None
+    hurry = Path(flags[flags.index("--hurry-file") + 1]) if "--hurry-file" in flags else None
     notices: list[int] = []
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, lambda signum, _frame: notices.append(signum))
@@ -179,11 +184,14 @@ def _main(argv: list[str]) -> int:
     log("begin", step, deadline=env.get("PHALANX_PREEMPT_DEADLINE"))
     begun = step
     last_report = 0.0
-    while step < steps:
+    hurried = False
+    while step < steps or (hold is not None and not hold.exists()):
         if time.time() > deadline:
             log("end", step, code=DEADLINE_EXIT)
             return DEADLINE_EXIT
-        time.sleep(delay)
+        hurried = hurried or (hurry is not None and hurry.exists())
+        if not hurried:
+            time.sleep(delay)
         step += 1
         tmp = ckpt.with_name(f"{ckpt.name}.{os.getpid()}.tmp")
         tmp.write_text(str(step))

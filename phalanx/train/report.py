@@ -32,6 +32,19 @@ if TYPE_CHECKING:
     import httpx
 
 log = logging.getLogger(__name__)
+PROGRESS_THREAD = "phalanx-progress"
+
+
+class _NotFromProgressThread(logging.Filter):
+    """httpx logs every request at INFO: a training script that sets logging to INFO would
+    get one line per progress post in its stderr. Only the reporter's own requests are
+    dropped; the script's own httpx calls still log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.threadName != PROGRESS_THREAD
+
+
+_QUIET_PROGRESS = _NotFromProgressThread()
 
 
 @dataclass(frozen=True)
@@ -92,7 +105,7 @@ class Reporter:
         self._queue: queue.Queue[Progress | None] = queue.Queue(maxsize=4)
         self._thread: threading.Thread | None = None
         if self.url is not None:
-            self._thread = threading.Thread(target=self._run, name="phalanx-progress", daemon=True)
+            self._thread = threading.Thread(target=self._run, name=PROGRESS_THREAD, daemon=True)
             self._thread.start()
 
     def report(
@@ -108,6 +121,7 @@ class Reporter:
     def _run(self) -> None:
         import httpx  # here, not at import: it costs every training process ~0.3 s
 
+        logging.getLogger("httpx").addFilter(_QUIET_PROGRESS)  # once: same filter object
         assert self.url is not None
         from phalanx.api import version
 

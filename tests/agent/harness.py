@@ -11,6 +11,7 @@ from pathlib import Path
 import uvicorn
 
 from phalanx.agent.env import job_env
+from phalanx.agent.execrun import ExecManager
 from phalanx.agent.processes import ProcessManager
 from phalanx.agent.reconcile import LaunchContext, Reconciler
 from phalanx.agent.server import create_app
@@ -25,13 +26,14 @@ AGENT_SECRET = "agent-secret-0123456789abcdef"
 
 @dataclass
 class Agent:
-    """One agent's API on `address`, its reconciler and step manager."""
+    """One agent's API on `address`, its reconciler, step and exec managers."""
 
     address: str
     url: str
     ctx: LaunchContext
     reconciler: Reconciler
     steps: StepManager
+    execs: ExecManager
     server: uvicorn.Server
     thread: threading.Thread
 
@@ -65,7 +67,8 @@ def start_agent(address: str, state_dir: Path) -> Agent:
     procs = ProcessManager()
     steps = StepManager(ctx, procs)
     reconciler = Reconciler(ctx, procs, on_stop_job=steps.stop_undesired)
-    app = create_app(secret=AGENT_SECRET, reconciler=reconciler, steps=steps)
+    execs = ExecManager(ctx, procs, reconciler)
+    app = create_app(secret=AGENT_SECRET, reconciler=reconciler, steps=steps, execs=execs)
     sock = socket.socket()
     sock.bind((address, 0))
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
@@ -74,4 +77,4 @@ def start_agent(address: str, state_dir: Path) -> Agent:
     thread.start()
     wait_for("the agent API to start", lambda: server.started)
     url = f"http://{address}:{sock.getsockname()[1]}"
-    return Agent(address, url, ctx, reconciler, steps, server, thread)
+    return Agent(address, url, ctx, reconciler, steps, execs, server, thread)

@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, TypeVar
 
+from phalanx.agent.guard import LEASE_NAME, read_lease
 from phalanx.api.models import (
     Assignment,
     DesiredState,
@@ -21,6 +22,7 @@ from phalanx.api.models import (
     ProcessStatus,
     RegisterResponse,
 )
+from phalanx.testing.processes import pid_alive
 
 T = TypeVar("T")
 
@@ -205,6 +207,11 @@ class AgentProcess:
         self.proc.kill()
         self.proc.wait(timeout=30)
 
+    def leave(self) -> int:
+        """SIGUSR2: the agent exits for an upgrade, leaving its jobs running; its status."""
+        self.proc.send_signal(signal.SIGUSR2)
+        return self.proc.wait(timeout=30)
+
     def stop(self) -> None:
         """SIGTERM (the agent stops its jobs), SIGKILL if it does not exit."""
         if self.proc.poll() is None:
@@ -213,3 +220,23 @@ class AgentProcess:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+
+def guards(state_dir: Path) -> list[int]:
+    """Pids of the lease guards watching `state_dir`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"phalanx.agent.guard" in argv and str(state_dir).encode() in argv:
+            found.append(int(entry.name))
+    return [pid for pid in found if pid_alive(pid)]
+
+
+def lease_left(state_dir: Path) -> float:
+    """Seconds until the lease published in `state_dir` runs out (negative: past it)."""
+    lease = read_lease(state_dir / LEASE_NAME)
+    assert lease is not None
+    return lease[1] - time.monotonic()

@@ -22,7 +22,15 @@ from phalanx.api.models import Assignment, ProcessStatus
 from phalanx.testing.processes import pid_alive
 
 from .cgroup_fixtures import cgroup_parent  # noqa: F401  (a fixture)
-from .helpers import AgentProcess, FakeHead, assignment, desired, wait_for
+from .helpers import (
+    AgentProcess,
+    FakeHead,
+    assignment,
+    desired,
+    guards,
+    lease_left,
+    wait_for,
+)
 
 ADDRESS = "127.0.0.5"
 NVIDIA_MAJOR = 195
@@ -202,18 +210,6 @@ def test_teardown_kills_what_escaped_the_process_group(
     assert not any(d.exists() for d in job_dirs(reconciler))
 
 
-def guards(state_dir: Path) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"phalanx.agent.guard" in argv and str(state_dir).encode() in argv:
-            found.append(int(entry.name))
-    return [pid for pid in found if pid_alive(pid)]
-
-
 def test_nothing_survives_kill_9_of_agent_and_guard(
     tmp_path: Path,
     cgroup_parent: str,  # noqa: F811  (the fixture)
@@ -221,7 +217,7 @@ def test_nothing_survives_kill_9_of_agent_and_guard(
     escaped_file = tmp_path / "escaped"
     argv = [sys.executable, "-c", ESCAPE, str(escaped_file), "300"]
     a = job(tmp_path, "", command=argv, master_port=None)
-    head = FakeHead(desired(a, lease_s=60.0, heartbeat_s=0.2))  # the guard would not act yet
+    head = FakeHead(desired(a, lease_s=1.5, heartbeat_s=0.2))
     state = tmp_path / "agent"
     extra = ["--cgroup-parent", cgroup_parent]
     first = AgentProcess(head.url, ADDRESS, state, tmp_path / "agent.log", extra)
@@ -235,6 +231,8 @@ def test_nothing_survives_kill_9_of_agent_and_guard(
         first.kill()
         os.kill(guard, signal.SIGKILL)
         wait_for("the guard to die", lambda: not pid_alive(guard))
+        # Past the lease a new agent adopts nothing: it kills what it finds.
+        wait_for("the lease to run out", lambda: lease_left(state) < 0)
         assert pid_alive(rank.pid) and pid_alive(escaped)  # nobody left to stop them
         head.beats.clear()
         second = AgentProcess(head.url, ADDRESS, state, tmp_path / "agent.log", extra)

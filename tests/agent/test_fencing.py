@@ -14,7 +14,15 @@ from phalanx.agent.reconcile import LaunchContext, Reconciler
 from phalanx.api.models import Assignment, ProcessStatus
 from phalanx.testing.processes import pid_alive
 
-from .helpers import AgentProcess, FakeHead, assignment, desired, wait_for
+from .helpers import (
+    AgentProcess,
+    FakeHead,
+    assignment,
+    desired,
+    guards,
+    lease_left,
+    wait_for,
+)
 
 ADDRESS = "127.0.0.4"
 
@@ -76,19 +84,6 @@ def assert_reported_lost_and_not_rerun(head: FakeHead, tmp_path: Path, pid: int)
     assert (tmp_path / "starts").read_text() == f"{pid}\n"
 
 
-def guards(state_dir: Path) -> list[int]:
-    """Pids of the lease guards watching `state_dir`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"phalanx.agent.guard" in argv and str(state_dir).encode() in argv:
-            found.append(int(entry.name))
-    return [pid for pid in found if pid_alive(pid)]
-
-
 def test_fences_when_the_head_stops_answering(tmp_path: Path, pids: list[int]) -> None:
     head = FakeHead(desired(job(tmp_path), lease_s=1.5, heartbeat_s=0.2))
     agent, pid, child = start(head, tmp_path, pids)
@@ -134,7 +129,9 @@ def test_the_guard_fences_the_jobs_of_a_killed_agent(tmp_path: Path, pids: list[
         head.close()
 
 
-def test_a_new_agent_kills_what_a_killed_agent_left(tmp_path: Path, pids: list[int]) -> None:
+def test_a_new_agent_adopts_what_a_killed_agent_left_within_its_lease(
+    tmp_path: Path, pids: list[int]
+) -> None:
     head = FakeHead(desired(job(tmp_path), lease_s=60.0, heartbeat_s=0.2))  # no guard kill
     first, pid, child = start(head, tmp_path, pids)
     second: AgentProcess | None = None
@@ -143,8 +140,36 @@ def test_a_new_agent_kills_what_a_killed_agent_left(tmp_path: Path, pids: list[i
         assert pid_alive(pid) and pid_alive(child)  # orphans: their own process group
         head.beats.clear()
         second = AgentProcess(head.url, ADDRESS, tmp_path / "agent", tmp_path / "agent.log")
-        wait_for("the leftovers to be killed", lambda: not pid_alive(pid) and not pid_alive(child))
+        # The head never saw the node silent for a lease: nothing can run elsewhere yet.
         [p] = wait_for("the new agent's report", head.processes)
+        assert (p.epoch, p.pid, p.running, p.lost) == (1, pid, True, False)
+        assert pid_alive(pid) and pid_alive(child)
+        assert (tmp_path / "starts").read_text() == f"{pid}\n"  # not started again
+    finally:
+        if second is not None:
+            second.stop()  # SIGTERM: it stops the jobs it adopted
+        first.stop()
+        head.close()
+    wait_dead("the adopted rank stopped with its agent", pid, child)
+
+
+def test_a_new_agent_kills_what_a_killed_agent_left_past_its_lease(
+    tmp_path: Path, pids: list[int]
+) -> None:
+    head = FakeHead(desired(job(tmp_path), lease_s=1.5, heartbeat_s=0.2))
+    first, pid, child = start(head, tmp_path, pids)
+    second: AgentProcess | None = None
+    try:
+        [guard] = wait_for("the guard", lambda: guards(tmp_path / "agent"))
+        first.kill()
+        os.kill(guard, signal.SIGKILL)  # nobody left to fence: the orphans outlive the lease
+        wait_for("the lease to run out", lambda: lease_left(tmp_path / "agent") < 0)
+        assert pid_alive(pid) and pid_alive(child)
+        head.beats.clear()
+        second = AgentProcess(head.url, ADDRESS, tmp_path / "agent", tmp_path / "agent.log")
+        # Killed before the new agent registers (its first heartbeat).
+        [p] = wait_for("the new agent's report", head.processes)
+        assert not pid_alive(pid) and not pid_alive(child)
         assert (p.epoch, p.pid, p.running, p.signal, p.lost) == (1, None, False, 9, True)
         assert (tmp_path / "starts").read_text() == f"{pid}\n"  # not started again
     finally:

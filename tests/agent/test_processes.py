@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import sys
 from collections.abc import Hashable, Iterator
 from pathlib import Path
@@ -156,6 +157,62 @@ def test_stop_all_leaves_nothing(tmp_path: Path) -> None:
     pm.stop_all(0.3)
     assert [p for p in pids if pid_alive(p)] == []
     assert all(not s.running for s in pm.states().values())
+
+
+def test_under_a_shim_it_ends_the_same_and_leaves_its_status(
+    pm: ProcessManager, tmp_path: Path
+) -> None:
+    status = tmp_path / "procs" / "k.status"
+    state = pm.start(
+        "k",
+        ["sh", "-c", "echo $$ > pid; trap 'exit 4' TERM; sleep 30 & wait"],
+        env={"PATH": os.environ["PATH"]},
+        cwd=str(tmp_path),
+        stdout=tmp_path / "out",
+        stderr=tmp_path / "err",
+        status=status,
+    )
+    assert state.pid is not None and state.shim is not None and state.shim != state.pid
+    # The job process itself leads its session and process group; the shim is outside.
+    assert int(wait_for("its pid", lambda: _read(tmp_path / "pid"))) == state.pid
+    assert os.getpgid(state.pid) == os.getsid(state.pid) == state.pid
+    assert os.getpgid(state.shim) != state.pid
+    assert stat.S_IMODE(status.stat().st_mode) == 0o600
+    pm.send_signal("k", signal.SIGTERM)  # to the job's group: the shim is not in it
+    done = ended(pm)
+    assert (done.exit_code, done.signal) == (4, None)
+    assert status.read_text() == "exit 4\n"
+    assert not pid_alive(state.shim)
+
+    killed = pm.start(
+        "killed",
+        ["sh", "-c", "kill -9 $$"],
+        env={"PATH": os.environ["PATH"]},
+        cwd=str(tmp_path),
+        stdout=tmp_path / "out",
+        stderr=tmp_path / "err",
+        status=tmp_path / "procs" / "killed.status",
+    )
+    assert killed.shim is not None
+    done = ended(pm, "killed")
+    assert (done.exit_code, done.signal) == (None, 9)  # as without a shim
+    assert (tmp_path / "procs" / "killed.status").read_text() == "signal 9\n"
+
+
+def test_under_a_shim_a_command_that_cannot_start_fails_as_without(
+    pm: ProcessManager, tmp_path: Path
+) -> None:
+    missing = pm.start(
+        "a",
+        ["no-such-cmd-xyz"],
+        env={"PATH": "/bin"},
+        cwd=str(tmp_path),
+        stdout=tmp_path / "o",
+        stderr=tmp_path / "e",
+        status=tmp_path / "a.status",
+    )
+    assert (missing.pid, missing.exit_code) == (None, 127)
+    assert "no-such-cmd-xyz: command not found" in (tmp_path / "e").read_text()
 
 
 def _read(path: Path) -> str | None:

@@ -156,13 +156,33 @@ def test_output_and_error_patterns(rec: Reconciler, tmp_path: Path) -> None:
     assert (tmp_path / "train-n1.err").read_text() == "e\n"
 
 
-def test_missing_workdir_fails_the_rank(rec: Reconciler, tmp_path: Path) -> None:
-    a = assignment(workdir=str(tmp_path / "gone"), gpus_per_node=1, output="x.out")
+def test_missing_workdir_fails_the_launch_and_is_never_created(
+    rec: Reconciler, tmp_path: Path
+) -> None:
+    # The head always sends a checkpoint dir inside the workdir; creating it once made a
+    # mistyped -D appear, and the job ran there (review M5).
+    gone = tmp_path / "gone"
+    a = assignment(
+        workdir=str(gone), gpus_per_node=1, output="x.out", checkpoint_dir=str(gone / "ckpt")
+    )
     rec.apply(desired(a))
     [p] = statuses(rec, 1)
     assert (p.pid, p.exit_code) == (None, 1)
+    # LaunchFailed: the head fails the job, without requeueing it.
+    assert p.launch_error == f"LaunchFailed: working directory {gone} does not exist on this node"
     err = (tmp_path / "state" / "logs" / "7" / "e1" / "rank-0.err").read_text()
-    assert f"working directory {tmp_path / 'gone'} does not exist" in err
+    assert f"working directory {gone} does not exist on this node" in err
+    assert not gone.exists()
+
+
+def test_workdir_that_is_a_file_fails_the_launch(rec: Reconciler, tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    a = assignment(workdir=str(tmp_path / "file"), gpus_per_node=1)
+    rec.apply(desired(a))
+    [p] = statuses(rec, 1)
+    assert (
+        p.launch_error == f"LaunchFailed: working directory {tmp_path / 'file'} is not a directory"
+    )
 
 
 def test_new_epoch_waits_for_the_old_one(rec: Reconciler, tmp_path: Path) -> None:

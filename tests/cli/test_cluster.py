@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -63,7 +67,8 @@ def test_submit_wait_then_show_logs_history(
     shown = invoke("show", str(job_id), env=admin_env).stdout
     assert "hello" in shown and "127.0.0.3" in shown
 
-    assert invoke("logs", str(job_id), env=admin_env).stdout == "hi from rank 0\n"
+    every = invoke("logs", str(job_id), env=admin_env).stdout
+    assert every == "[rank 0] hi from rank 0\n[rank 1] hi from rank 1\n"
     rank1 = invoke("logs", str(job_id), "--rank", "1", "-f", env=admin_env)
     assert rank1.stdout == "hi from rank 1\n"
 
@@ -83,7 +88,30 @@ def test_wait_exits_with_the_jobs_exit_code(
         env=admin_env, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 3, proc.stderr
-    assert re.search(r"job \d+: F .*exit 3:0", proc.stderr), proc.stderr
+    # stderr is a pipe: status lines, the last one ending the output with a newline.
+    assert re.fullmatch(r"(job \d+: [A-Z]+ .*\n)*job \d+: F .*exit 3:0\n", proc.stderr), proc.stderr
+
+
+def test_ctrl_c_during_wait_leaves_the_job_running_and_says_how_to_cancel_it(
+    cluster: LocalCluster, admin_env: dict[str, str], tmp_path: Path
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phalanx", "submit", "--wait", "--", "sleep", "120"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, **admin_env},
+    )
+    assert proc.stdout is not None
+    job_id = int(proc.stdout.readline().split("Submitted job ")[1])
+    assert _wait_state(admin_env, job_id, {"R"}) == "R"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.endswith(f"job {job_id} keeps running; `phalanx cancel {job_id}`\n"), err
+    assert _detail(admin_env, job_id).job.state == "R"  # only the waiting stopped
+    assert invoke("cancel", str(job_id), env=admin_env).exit_code == 0
 
 
 def test_queue_then_cancel(cluster: LocalCluster, admin_env: dict[str, str]) -> None:
@@ -104,6 +132,8 @@ def test_queue_then_cancel(cluster: LocalCluster, admin_env: dict[str, str]) -> 
     assert _wait_state(admin_env, job_id, {"CA"}) == "CA"
     after = invoke("queue", "--json", env=admin_env)
     assert job_id not in [j.id for j in JobList.model_validate_json(after.stdout).jobs]
+    again = invoke("cancel", str(job_id), env=admin_env)  # the job's id said once
+    assert (again.exit_code, again.stderr) == (2, f"error: job {job_id} already ended (CA)\n")
 
 
 def test_unknown_job_is_a_one_line_error(cluster: LocalCluster, admin_env: dict[str, str]) -> None:
@@ -111,6 +141,8 @@ def test_unknown_job_is_a_one_line_error(cluster: LocalCluster, admin_env: dict[
     assert result.exit_code == 2
     assert result.stderr.startswith("error: ") and "999999" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+    cancelled = invoke("cancel", "999999", env=admin_env)  # not "job 999999: no job 999999"
+    assert (cancelled.exit_code, cancelled.stderr) == (2, "error: no job 999999\n")
 
 
 def test_a_new_user_with_a_token_sees_only_their_jobs(
@@ -124,7 +156,8 @@ def test_a_new_user_with_a_token_sees_only_their_jobs(
     me = WhoAmI.model_validate_json(invoke("whoami", "--json", env=alice).stdout)
     assert (me.user, me.role, me.teams) == ("alice", "user", ["ml"])
     denied = invoke("drain", "127.0.0.2", "--reason", "x", env=alice)
-    assert denied.exit_code == 2 and "HTTP 403" in denied.stderr
+    # The head's words, without an HTTP status code: that is noise to a user.
+    assert (denied.exit_code, denied.stderr) == (2, "error: this needs an admin token\n")
 
 
 def test_a_token_is_read_from_a_file_never_taken_as_an_argument(
@@ -144,3 +177,46 @@ def test_a_token_is_read_from_a_file_never_taken_as_an_argument(
     assert "Traceback" not in visible.stderr
     missing = invoke("whoami", "--token-file", str(tmp_path / "nope"), env=env)
     assert missing.exit_code == 2 and "cannot read it" in missing.stderr
+
+
+def test_memory_or_cpus_beyond_every_node_are_refused_at_submit(
+    cluster: LocalCluster, admin_env: dict[str, str]
+) -> None:
+    listed = NodeList.model_validate_json(invoke("nodes", "--json", env=admin_env).stdout)
+    mem = max(n.memory_mb for n in listed.nodes)  # what the agents measured on this host
+    cpus = max(n.cpus for n in listed.nodes)
+    result = invoke("submit", "--mem", f"{mem + 1}M", "--", "true", env=admin_env)
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"error: asks for {mem + 1} MB of memory per node (--mem); "
+        f"the node with the most has {mem} MB\n",
+    )
+    result = invoke("submit", "-c", str(cpus + 1), "--", "true", env=admin_env)
+    assert (result.exit_code, result.stderr) == (
+        2,
+        f"error: asks for {cpus + 1} CPUs per node; the node with the most has {cpus} CPUs\n",
+    )
+    result = invoke("submit", "-N", "3", "--", "true", env=admin_env)
+    assert (result.exit_code, result.stderr) == (
+        2,
+        "error: asks for 3 nodes with 1 GPU each; the cluster has 2 such nodes\n",
+    )
+
+
+def test_a_missing_workdir_is_never_created_and_fails_the_job(
+    cluster: LocalCluster, admin_env: dict[str, str], tmp_path: Path
+) -> None:
+    typo = tmp_path / "no-such" / "dir"
+    proc = run_cli(
+        "submit", "-D", str(typo), "--wait", "--", "true", env=admin_env, cwd=tmp_path
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.startswith(
+        f"warning: working directory {typo} does not exist on this machine; "
+        "the job fails (LaunchFailed) unless it exists on its nodes\n"
+    )
+    job_id = int(proc.stdout.split("Submitted job ")[1].split()[0])
+    info = _detail(admin_env, job_id).job
+    assert (info.state, info.reason, info.restart_count) == ("F", "LaunchFailed", 0)
+    assert f"working directory {typo} does not exist on this node" in (info.reason_message or "")
+    assert not (tmp_path / "no-such").exists()

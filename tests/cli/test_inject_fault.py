@@ -60,10 +60,10 @@ def test_bad_requests_exit_2_with_one_line(
     cluster: LocalCluster, admin_env: dict[str, str]
 ) -> None:
     cases = [
-        (["nope", "--xid", "79"], "error: no node 'nope' (HTTP 404)"),
+        (["nope", "--xid", "79"], "error: no node 'nope'"),
         (
             ["127.0.0.2", "--gpu", "7", "--xid", "79"],
-            "error: node 127.0.0.2: this node has GPUs 0-1; there is no GPU 7 (HTTP 422)",
+            "error: node 127.0.0.2: this node has GPUs 0-1; there is no GPU 7",
         ),
         (["127.0.0.2"], "error: give either --xid CODE or --kind ecc|row-remap|gpu-lost"),
         (
@@ -93,7 +93,7 @@ def test_bad_requests_exit_2_with_one_line(
     )
     assert (result.exit_code, result.stderr.strip()) == (
         2,
-        "error: this needs an admin token (HTTP 403)",
+        "error: this needs an admin token",
     )
 
 

@@ -25,3 +25,13 @@ def test_an_agent_that_cannot_start_is_reported_with_its_log(tmp_path: Path) -> 
 def test_bad_sizes_are_refused_before_starting_anything(tmp_path: Path) -> None:
     with pytest.raises(ClusterError, match="nodes must be between 1 and 253"):
         LocalCluster(tmp_path, nodes=0)
+
+
+def test_a_standby_head_without_postgresql_is_refused_before_starting_anything(
+    tmp_path: Path,
+) -> None:
+    # Only PostgreSQL elects a leader: a second head on SQLite would exit 2 at start.
+    for db_url in (None, f"sqlite:///{tmp_path}/phalanx.db"):
+        with pytest.raises(ClusterError, match="a standby head needs a PostgreSQL db_url"):
+            LocalCluster(tmp_path, standby=True, db_url=db_url)
+    assert not any(tmp_path.iterdir())

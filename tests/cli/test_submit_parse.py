@@ -53,6 +53,9 @@ def _dry_run(*args: str) -> dict[str, Any]:
 def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "job.yaml").write_text(YAML)
     (tmp_path / "train.sbatch").write_text(SCRIPT)
+    (tmp_path / "bin.dat").write_bytes(b"\x7fELF\x02\x01\x01\x00\x00\x00#SBATCH -N 1\n")
+    (tmp_path / "run.sh").write_text("#SBATCH -N 2\npython train.py\n")
+    (tmp_path / "typo.yaml").write_text("nodez: 2\ncommand: [true]\n")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -147,6 +150,26 @@ def test_a_command_after_dashes_is_never_a_spec_file(files: Path) -> None:
         (
             ("--dry-run", "job.yaml", "--no-restart-on-failure"),
             "error: --restart-on-failure: set these in job.yaml",
+        ),
+        # As sbatch: a batch script starts with #! (review minor 1).
+        (("--dry-run", "bin.dat"), "error: bin.dat: a binary file, not a batch script; "),
+        (
+            ("--dry-run", "run.sh"),
+            "error: run.sh: not a batch script: its first line ('#SBATCH -N 2') must start "
+            "with #! and an interpreter, e.g. #!/bin/bash",
+        ),
+        # Plain words, not pydantic's (review minor 4); too large is said so (minor 10).
+        (
+            ("--dry-run", "-J", "x" * 5000, "--", "true"),
+            "error: -J/--job-name: too long: 5000 characters, at most 200\n",
+        ),
+        (
+            ("--dry-run", "-t", "99999999999", "--", "true"),
+            "error: time limit '99999999999' is too large (max 24855-03:14:07, about 68 years)",
+        ),
+        (
+            ("--dry-run", "typo.yaml"),
+            "error: typo.yaml: unknown key(s) in the YAML job file: nodez (did you mean nodes?)",
         ),
     ],
 )

@@ -23,7 +23,7 @@ from phalanx.testing import apply_decisions, job, node, run_job
 from tests.core.helpers import Case, Running, check
 
 DELAY = ReasonCode.BACKFILL_WOULD_DELAY
-RESERVED = ReasonCode.RESERVED
+RESERVED = ReasonCode.RESOURCES  # the reservation holder waits on Resources
 NOW = 100.0
 N2 = [node("n0"), node("n1")]
 N3 = [node("n0"), node("n1"), node("n2")]

@@ -282,27 +282,31 @@ def check_reasons(state: ClusterState, decisions: Decisions, config: SchedulerCo
     r = decisions.reservation
     if r is not None:
         assert r.job_id not in started
-        assert decisions.reasons[r.job_id].code is ReasonCode.RESERVED
+        holder = decisions.reasons[r.job_id]
+        assert holder.code is ReasonCode.RESOURCES and "GPUs reserved" in holder.message
         assert len(r.nodes) == state.pending[r.job_id].nodes
     elif config.backfill:
         # Without a reservation, no job may be blocked for resources (the first one would
         # hold the reservation); only jobs that could not run even on an empty cluster are
-        # passed over, as infeasible.
+        # passed over: infeasible, or waiting for down or drained nodes.
         for job_id, reason in decisions.reasons.items():
             assert reason.code is not ReasonCode.RESOURCES, f"job {job_id} has no reservation"
-            if reason.code is not ReasonCode.INFEASIBLE:
+            if reason.code not in (ReasonCode.INFEASIBLE, ReasonCode.NODES_UNAVAILABLE):
                 continue
             request = state.pending[job_id]
             excluded = excluded_indices(state, request)
-            usable = sum(
-                1
+            fit = [
+                n
                 for n, node in enumerate(state.nodes)
-                if state.up[n]
-                and n not in excluded
+                if n not in excluded
                 and node.gpus >= request.gpus_per_node
                 and request.gpu_model in (None, node.gpu_model)
-            )
-            assert usable < request.nodes, f"job {job_id} is not infeasible"
+            ]
+            usable = sum(1 for n in fit if state.up[n])
+            assert usable < request.nodes, f"job {job_id} is not short of nodes"
+            # Waiting for nodes exactly when the down or drained ones would be enough.
+            waits = reason.code is ReasonCode.NODES_UNAVAILABLE
+            assert waits == (len(fit) >= request.nodes), f"job {job_id}: {reason}"
 
 
 def apply_and_check(state: ClusterState, decisions: Decisions, now: float) -> None:

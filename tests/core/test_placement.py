@@ -153,10 +153,7 @@ def test_placement_table(case: PlaceCase) -> None:
     )
     if case.expect is None:
         assert decisions.starts == ()
-        assert decisions.reason_for(case.request).code in {
-            ReasonCode.RESOURCES,
-            ReasonCode.RESERVED,
-        }
+        assert decisions.reason_for(case.request).code is ReasonCode.RESOURCES
         return
     (start,) = decisions.starts
     assert state.node_names(start.placement) == tuple(case.expect)
@@ -186,14 +183,19 @@ def test_infeasible_jobs(request_: JobRequest, words: tuple[str, ...]) -> None:
     )
 
 
-def test_down_nodes_make_a_gang_infeasible() -> None:
+def test_down_nodes_make_a_gang_wait_for_them() -> None:
     check(
         Case(
             nodes=FLAT,
             queue=[_gang(4)],
             down=["n3"],
             starts={},
-            reasons={1: (ReasonCode.INFEASIBLE, ("only 3 node(s) with ≥8 GPUs are up",))},
+            reasons={
+                1: (
+                    ReasonCode.NODES_UNAVAILABLE,
+                    ("only 3 node(s) with ≥8 GPUs are up, 1 more down or drained",),
+                )
+            },
         )
     )
 

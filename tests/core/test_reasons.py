@@ -55,20 +55,50 @@ CASES: dict[str, Case] = {
         queue=[_q(1, gpus=12)],
         reasons={1: (R.INFEASIBLE, ("needs 12 GPUs on one node", "largest node has 8"))},
     ),
-    "infeasible-after-nodes-go-down": Case(
+    # A gang that fits the cluster waits for its down or drained nodes (it runs once they
+    # are back): ReqNodeNotAvail, as Slurm says, not Infeasible.
+    "nodes-unavailable-after-nodes-go-down": Case(
         nodes=N2,
         down=["n1"],
         queue=[_q(1, nodes=2)],
-        reasons={1: (R.INFEASIBLE, ("needs 2 nodes × 8 GPUs", "only 1 node(s)", "are up"))},
+        reasons={
+            1: (
+                R.NODES_UNAVAILABLE,
+                ("needs 2 nodes × 8 GPUs", "only 1 node(s)", "are up", "1 more down or drained"),
+            )
+        },
     ),
-    "infeasible-while-every-node-is-down": Case(
+    "infeasible-when-even-the-down-nodes-are-too-few": Case(
+        nodes=[*N2, node("n2")],
+        down=["n1"],
+        queue=[_q(1, nodes=3, gpus=8), _q(2, nodes=4, gpus=8)],
+        reasons={
+            1: (R.NODES_UNAVAILABLE, ("only 2 node(s) with ≥8 GPUs are up, 1 more down",)),
+            2: (R.INFEASIBLE, ("needs 4 nodes × 8 GPUs; only 2 node(s) with ≥8 GPUs are up",)),
+        },
+    ),
+    "nodes-unavailable-while-every-node-is-down": Case(
         nodes=N2,
         down=["n0", "n1"],
         queue=[_q(1), _q(2, gpus=1), _q(3, dependencies=(Dependency(DependencyKind.AFTEROK, 1),))],
         reasons={
-            1: (R.INFEASIBLE, ("no node with GPUs is up", "down or drained")),
-            2: (R.INFEASIBLE, ("no node with GPUs is up",)),
+            1: (R.NODES_UNAVAILABLE, ("no node with GPUs is up", "down or drained", "waits")),
+            2: (R.NODES_UNAVAILABLE, ("no node with GPUs is up",)),
             3: (R.DEPENDENCY, ("waiting for job 1 (afterok)",)),
+        },
+    ),
+    "nodes-unavailable-when-its-excluded-nodes-leave-too-few-up": Case(
+        nodes=[*N2, node("n2")],
+        down=["n2"],
+        running=[_busy(10, "n0")],
+        queue=[_q(1, nodes=2, exclude_nodes=frozenset({"n1"})), _q(2, gpus=8, time_limit_s=1e4)],
+        reservation=None,
+        starts={2: ["n1"]},
+        reasons={
+            1: (
+                R.NODES_UNAVAILABLE,
+                ("needs 2 nodes × 8 GPUs", "only 1 (not excluded) node(s)", "1 more down"),
+            )
         },
     ),
     "infeasible-on-the-nodes-it-may-use": Case(
@@ -85,13 +115,14 @@ CASES: dict[str, Case] = {
         queue=[_q(1, nodes=2, gpu_model="A100")],
         reasons={1: (R.INFEASIBLE, ("needs 2 nodes × 8 GPUs", "only 1 A100 node(s)"))},
     ),
-    "reserved-with-time-and-shape": Case(
+    # The job next in line for busy GPUs says Resources (Slurm's word), its message when.
+    "resources-reserved-with-time-and-shape": Case(
         nodes=N2,
         running=[_busy(10, "n0"), _busy(11, "n1", gpus=4, limit=None)],
         queue=[_q(1)],
         reasons={
             1: (
-                R.RESERVED,
+                R.RESOURCES,
                 (
                     "needs 8 free GPUs on one node; the most free on any node is 4",
                     "reserved at t=500s, in 400s",
@@ -99,12 +130,12 @@ CASES: dict[str, Case] = {
             )
         },
     ),
-    "reserved-gang-names-rack-count": Case(
+    "resources-reserved-gang-names-rack-count": Case(
         nodes=cluster_nodes(4, gpus_per_node=8, nodes_per_rack=2),
         running=[_busy(10, "n0000"), _busy(11, "n0002")],
         queue=[_q(1, nodes=3)],
         reasons={
-            1: (R.RESERVED, ("needs 3 nodes × 8 GPUs; 2 node(s) have ≥8 free GPUs", "1 in one"))
+            1: (R.RESOURCES, ("needs 3 nodes × 8 GPUs; 2 node(s) have ≥8 free GPUs", "1 in one"))
         },
     ),
     "would-delay-reservation": Case(
@@ -227,4 +258,6 @@ def test_a_cycle_with_every_node_down_examines_no_queued_job() -> None:
     queue = [_q(i, gpus=1 + i % 8) for i in range(1, 501)]
     state, decisions = check(Case(nodes=N2, down=["n0", "n1"], queue=queue))
     assert decisions.reasons == {}
-    assert {decisions.reason_for(state.pending[i]).code for i in range(1, 501)} == {R.INFEASIBLE}
+    assert {decisions.reason_for(state.pending[i]).code for i in range(1, 501)} == {
+        R.NODES_UNAVAILABLE
+    }

@@ -16,7 +16,7 @@ def test_cycle_places_and_leaves_state_unchanged() -> None:
         state.start(start.job_id, start.placement, 1.0)
     assert state.free_total == 2
     pending = state.pending[3]
-    assert decisions.reason_for(pending).code.value in {"Resources", "Reserved"}
+    assert decisions.reason_for(pending).code.value == "Resources"
     state.finish(1, 5.0, JobState.COMPLETED)
     again = schedule(state, 5.0)
     assert [s.job_id for s in again.starts] == [3]

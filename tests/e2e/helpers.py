@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar
 from phalanx.api.models import JobInfo, JobSpec
 from phalanx.client.api import ApiError, PhalanxClient
 from phalanx.testing.processes import pid_alive
+from phalanx.testing.workload import Life
 
 T = TypeVar("T")
 Stream = Literal["stdout", "stderr"]
@@ -117,7 +118,7 @@ def wait_reason(client: PhalanxClient, job_id: int, reason: str, timeout: float 
 
 
 def read_log(
-    client: PhalanxClient, job_id: int, rank: int = 0, stream: Stream = "stdout"
+    client: PhalanxClient, job_id: int | str, rank: int = 0, stream: Stream = "stdout"
 ) -> tuple[str, bool]:
     """Everything in one rank's log so far, through the head, and whether it is complete."""
     data, offset = [], 0
@@ -129,7 +130,9 @@ def read_log(
         offset = chunk.next_offset
 
 
-def final_log(client: PhalanxClient, job_id: int, rank: int = 0, stream: Stream = "stdout") -> str:
+def final_log(
+    client: PhalanxClient, job_id: int | str, rank: int = 0, stream: Stream = "stdout"
+) -> str:
     """A rank's whole log once the agent reports it complete (the rank has ended)."""
 
     def probe() -> str | None:
@@ -175,3 +178,37 @@ def cancel_all(client: PhalanxClient, timeout: float = 30.0) -> None:
         return True if not client.jobs(active=True).jobs else None
 
     wait_for("every job to end", idle, timeout)
+
+
+# ----------------------------------------------------------------------------- checker inputs
+def life(
+    job: int,
+    epoch: int,
+    rank: int,
+    first: float,
+    last: float,
+    *,
+    node: str = "n1",
+    gpus: tuple[int, ...] = (0,),
+    begin: int = 0,
+    step: int = 5,
+    end: int | None = None,
+) -> Life:
+    """One process of a ledger (tests of the invariant checkers), its pid made of its ids."""
+    pid = 1000 * job + 10 * epoch + rank
+    return Life(job, epoch, rank, pid, node, gpus, first, last, begin, step, end)
+
+
+def job_info(job_id: int, name: str, state: str, *, epoch: int = 1, restarts: int = 0) -> JobInfo:
+    """What the head answers for a job (tests of the invariant checkers)."""
+    return JobInfo.model_validate(
+        {
+            **dict.fromkeys(["account", "reason", "reason_message", "time_limit_s"]),
+            **dict.fromkeys(["start_time", "end_time", "exit_code", "array_job_id"]),
+            "array_task_id": None,
+            **{"id": job_id, "name": name, "user": "u", "team": "t", "qos": "normal"},
+            **{"priority": 0, "state": state, "nodes": 1, "gpus_per_node": 1},
+            **{"launcher": "torchrun", "submit_time": 0.0, "restart_count": restarts},
+            **{"epoch": epoch, "placement": [], "workdir": "/w"},
+        }
+    )

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.api.models import JobInfo
 from phalanx.testing.chaos import ChaosConfig, run_chaos
 from phalanx.testing.invariants import (
     check_accounted,
@@ -21,23 +20,7 @@ from phalanx.testing.invariants import (
 )
 from phalanx.testing.processes import pid_alive
 from phalanx.testing.workload import Life, lives, read_ledger
-
-
-def life(
-    job: int,
-    epoch: int,
-    rank: int,
-    first: float,
-    last: float,
-    *,
-    node: str = "n1",
-    gpus: tuple[int, ...] = (0,),
-    begin: int = 0,
-    step: int = 5,
-    end: int | None = None,
-) -> Life:
-    pid = 1000 * job + 10 * epoch + rank
-    return Life(job, epoch, rank, pid, node, gpus, first, last, begin, step, end)
+from tests.e2e.helpers import job_info, life
 
 
 def test_the_chaos_invariants_hold_under_random_failures(tmp_path: Path) -> None:
@@ -99,19 +82,7 @@ def test_gpu_exclusive_catches_two_jobs_on_one_gpu() -> None:
 
 
 def test_accounted_catches_lost_duplicated_and_unfinished_jobs() -> None:
-    def info(job_id: int, name: str, state: str) -> JobInfo:
-        return JobInfo.model_validate(
-            {
-                **dict.fromkeys(["account", "reason", "reason_message", "time_limit_s"]),
-                **dict.fromkeys(["start_time", "end_time", "exit_code", "array_job_id"]),
-                "array_task_id": None,
-                **{"id": job_id, "name": name, "user": "u", "team": "t", "qos": "normal"},
-                **{"priority": 0, "state": state, "nodes": 1, "gpus_per_node": 1},
-                **{"launcher": "torchrun", "submit_time": 0.0, "restart_count": 0},
-                **{"epoch": 1, "placement": [], "workdir": "/w"},
-            }
-        )
-
+    info = job_info
     head = {1: info(1, "a", "CD"), 2: info(2, "b", "PD")}
     assert check_accounted([("a", 1), ("b", 2), ("c", None)], head, Counter("abc")).ok
     lost = check_accounted([("a", 1), ("b", 3)], head, Counter("ab"))

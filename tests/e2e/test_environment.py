@@ -122,7 +122,7 @@ def test_torchrun_ranks_get_torchrun_slurm_and_phalanx_variables(
 def test_node_launcher_gets_pet_variables_for_torchrun(
     api: PhalanxClient, cluster: LocalCluster, workdir: Path
 ) -> None:
-    info = _run(api, workdir, launcher="node", nodes=2, gpus_per_node=2, cpus_per_task=3)
+    info = _run(api, workdir, launcher="node", nodes=2, gpus_per_node=2, cpus_per_task=2)
     envs = _envs(workdir, info.id, 2)  # one process per node
 
     port = envs[0]["PET_MASTER_PORT"]
@@ -142,7 +142,7 @@ def test_node_launcher_gets_pet_variables_for_torchrun(
             "SLURM_LOCALID": "0",
             "SLURM_NODEID": str(node),
             "SLURM_GPUS_ON_NODE": "2",
-            "SLURM_CPUS_PER_TASK": "3",
+            "SLURM_CPUS_PER_TASK": "2",
             "PHALANX_PROCID": str(node),
             "PHALANX_NODEID": str(node),
         }

@@ -95,7 +95,8 @@ def test_the_table_listing_is_the_object_listing_as_rows(api: PhalanxClient, wor
     assert table.columns == list(JobInfo.model_fields)
     as_rows = [JobInfo.model_validate(dict(zip(table.columns, r, strict=True))) for r in table.rows]
     by_id = {j.id: j for j in as_rows}
-    live = {"reason": None, "reason_message": None}  # pending reasons are computed per call
+    # Pending reasons and a running job's run time are computed per call.
+    live = {"reason": None, "reason_message": None, "run_time_s": None}
     for listed in objects:
         if listed.id in (running, waiting):
             assert by_id[listed.id].model_copy(update=live) == listed.model_copy(update=live)
@@ -190,7 +191,9 @@ def test_an_array_runs_at_most_max_parallel_tasks_at_once(
 
     # Four free GPUs would run all four 1-GPU tasks at once; the array allows two.
     assert _max_overlap(infos) == 2
-    outputs = sorted(final_log(api, task) for task in answer.job_ids)
+    # The array's id names the whole array (as in Slurm): each task's log by its `ID_TASK`.
+    tasks = [f"{answer.array_job_id}_{i.array_task_id}" for i in infos]
+    outputs = sorted(final_log(api, task) for task in tasks)
     assert outputs == [f"task {i}\n" for i in range(4)]
     assert sorted(i.array_task_id for i in infos if i.array_task_id is not None) == [0, 1, 2, 3]
 

@@ -110,6 +110,43 @@ def test_too_many_gpus_for_this_cluster_once_nodes_joined(head: HeadProc) -> Non
 
 
 @pytest.mark.parametrize(
+    ("asks", "detail"),
+    [
+        (
+            {"mem_mb": 4097},
+            "asks for 4097 MB of memory per node (--mem); the node with the most has 4096 MB",
+        ),
+        ({"cpus_per_task": 5}, "asks for 5 CPUs per node; the node with the most has 4 CPUs"),
+        (
+            {"cpus_per_task": 2, "gpus_per_node": 4},
+            "asks for 8 CPUs per node (-c 2 × 4 tasks); the node with the most has 4 CPUs",
+        ),
+        (
+            {"cpus_per_task": 3, "launcher": "node", "ntasks_per_node": 2},
+            "asks for 6 CPUs per node (-c 3 × 2 tasks); the node with the most has 4 CPUs",
+        ),
+        # What one node has is accepted per node; the count of such nodes then decides.
+        (
+            {"nodes": 2, "cpus_per_task": 4, "mem_mb": 4096},
+            "asks for 2 nodes with 1 GPU, 4 CPUs and 4096 MB of memory each; "
+            "the cluster has 1 such node",
+        ),
+        ({"nodes": 3}, "asks for 3 nodes with 1 GPU each; the cluster has 1 such node"),
+    ],
+)
+def test_memory_and_cpus_beyond_every_node_are_refused(
+    head: HeadProc, asks: dict[str, object], detail: str
+) -> None:
+    # The node has 4 CPUs and 4096 MB (_register); Slurm refuses such a job at submit too.
+    _register(head)
+    c = head.client()
+    before = _all_jobs(c)
+    r = c.post("/v1/jobs", json={**GOOD, **asks})
+    assert (r.status_code, r.json()["detail"]) == (422, detail)
+    assert _all_jobs(c) == before
+
+
+@pytest.mark.parametrize(
     ("what", "ports", "needle"),
     [
         ("port past SQLite's integer", {"JOB": 2**70}, "master_ports.JOB"),

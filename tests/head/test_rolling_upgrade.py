@@ -5,9 +5,7 @@ refused with a message naming both versions; what users write stays strict."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,10 +18,10 @@ import pytest
 from phalanx.api import version
 from phalanx.api.models import JobDetail, JobSpec
 from phalanx.client.api import ApiError, PhalanxClient
+from phalanx.testing import newer_agent
 from phalanx.testing.processes import pid_alive
 from tests.head.heads import PHALANX, Proc, wait_for
 
-REPO = Path(__file__).resolve().parents[2]
 LEASE_S = 2.0
 HEAD_FLAGS = [
     "--plain-http",
@@ -69,11 +67,10 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
 
 def release_agent(head: Head, api: str, address: str, workdir: Path) -> Proc:
     """An agent of another release: API version `api`, and new fields in what it sends."""
-    argv = [sys.executable, "-m", "tests.agent.newer_agent", api, "agent", "--head", head.url]
+    argv = [*newer_agent.argv_prefix(api), "agent", "--head", head.url]
     argv += ["--address", address, "--name", address, "--port", "0", "--fake-gpus", "1"]
     argv += ["--state-dir", str(workdir / f"agent-{address}")]
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = {"PHALANX_JOIN_TOKEN": head.token("join"), "PYTHONPATH": path}
+    env = {"PHALANX_JOIN_TOKEN": head.token("join")}
     return Proc(argv, workdir / f"agent-{address}.log", env)
 
 

@@ -4,6 +4,7 @@ leader, and a standby takes over when the leader dies, with its agents, jobs and
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from sqlalchemy import create_engine, text
 
 from phalanx.api.models import JobSpec
 from phalanx.client.api import ApiError, PhalanxClient
-from phalanx.head.leader import LOST_LEADERSHIP_EXIT
+from phalanx.head.leader import CHECK_INTERVAL_S, LOST_AFTER_S, LOST_LEADERSHIP_EXIT
 from phalanx.testing.postgres import PostgresServer
 from tests.head.heads import PHALANX, HeadServer, Proc, start_agent, wait_for
 
@@ -166,3 +167,26 @@ def test_a_leader_that_loses_its_lock_connection_stops(
     assert leader.proc.popen.wait(timeout=30) == LOST_LEADERSHIP_EXIT
     assert "may no longer be the leader" in leader.proc.tail()
     standby.wait_role("leader")
+
+
+def test_a_leader_frozen_past_its_lock_check_leads_on_when_thawed(
+    postgres: PostgresServer, tmp_path: Path, stop_later: list[HeadServer | Proc]
+) -> None:
+    leader, standby = _pair(postgres.new_database("standby_pause"), tmp_path, stop_later)
+    assert leader.proc is not None
+
+    # Frozen (SIGSTOP: a long GC pause, a stopped VM) for longer than the lock check's
+    # LOST_AFTER_S. Its lock session outlives the pause (the kernel answers the server's
+    # keepalives), so the standby does not take over, and the thawed leader must not take
+    # its own pause for a lost connection: it checks the lock again and leads on.
+    os.killpg(leader.proc.popen.pid, signal.SIGSTOP)
+    try:
+        time.sleep(LOST_AFTER_S + 2)
+        assert standby.role() == "standby"
+    finally:
+        os.killpg(leader.proc.popen.pid, signal.SIGCONT)
+
+    time.sleep(3 * CHECK_INTERVAL_S)  # a fail-stop would have happened by now
+    assert leader.proc.alive(), leader.proc.tail()
+    assert (leader.role(), standby.role()) == ("leader", "standby")
+    assert "was paused" in leader.proc.tail()

@@ -20,9 +20,13 @@ def test_torchtitan_shaped_script() -> None:
         gpus_per_task="8",
         cpus_per_task="96",
         partition="train",
+        mail_type="END,FAIL",
     )
-    assert warnings == ["line 10: --mail-type is not supported by Phalanx; ignored"]
-    spec, _ = build_spec(opts, command=None, script=TITAN, cwd="/home/ada", environ=ENV)
+    assert warnings == []
+    spec, more = build_spec(opts, command=None, script=TITAN, cwd="/home/ada", environ=ENV)
+    # Read, and said to go nowhere: no --mail-user URL or --notify-url to post to.
+    assert "--mail-type=END,FAIL: no --notify-url (or --mail-user URL) to post to; ignored" in more
+    assert spec.notify_url is None and spec.notify_on is None
     assert (spec.name, spec.launcher, spec.nodes) == ("titan-8b", "batch", 2)
     assert (spec.ntasks_per_node, spec.gpus_per_node, spec.cpus_per_task) == (1, 8, 96)
     assert spec.team == "train"
@@ -147,10 +151,11 @@ def test_reading_stops_at_first_command_and_warns_about_later_directives() -> No
 @pytest.mark.parametrize(
     ("line", "warning"),
     [
-        ("#SBATCH --mail-user=ada@example.org", "line 2: --mail-user is not supported"),
+        ("#SBATCH --mem-per-gpu=40G", "line 2: --mem-per-gpu is not supported"),
         ("#SBATCH --hint nomultithread", "line 2: --hint is not supported"),
-        ("#SBATCH -w node1", "line 2: -w/--nodelist is not supported"),
-        ("#SBATCH --frobnicate=3", "line 2: unknown option --frobnicate"),
+        ("#SBATCH -F hosts.txt", "line 2: -F/--nodefile is not supported"),
+        ("#SBATCH --frobnicate=3", "line 2: unknown option --frobnicate; ignored"),
+        ("#SBATCH --nodez=3", "line 2: unknown option --nodez (did you mean --nodes?); ignored"),
         ("#SBATCH --frobnicate 3", "line 2: unknown option --frobnicate 3"),
         ("#SBATCH -Z", "line 2: unknown option -Z"),
         ("#SBATCH stray", "line 2: unexpected argument 'stray'"),
@@ -170,9 +175,9 @@ def test_unused_directives_are_named_with_their_line(line: str, warning: str) ->
 
 
 def test_unknown_option_value_is_not_read_as_an_option() -> None:
-    opts, warnings = parse_sbatch("#SBATCH --mail-type ALL -N 3\nrun\n")
+    opts, warnings = parse_sbatch("#SBATCH --reservation now -N 3\nrun\n")
     assert opts.nodes == "3"
-    assert warnings == ["line 1: --mail-type is not supported by Phalanx; ignored"]
+    assert warnings == ["line 1: --reservation is not supported by Phalanx; ignored"]
 
 
 def test_commented_out_directive_is_silent() -> None:

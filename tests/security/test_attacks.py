@@ -124,8 +124,24 @@ def test_bob_cannot_work_in_alices_private_directory(people: dict[str, Person]) 
     attack = submit(bob.client, job(alice.home, sh("ls; echo x > planted"), output="bob-%j.out"))
     state, _out, err = _ended(bob, attack)
     assert state == "F"
-    assert f"user {bob.name} may not enter it" in err
+    assert f"LaunchFailed: working directory {alice.home}: user {bob.name} may not enter it" in err
     assert sorted(p.name for p in alice.home.iterdir()) == before  # nothing created there
+    _launch_failed_once(bob, attack)
+
+
+def test_a_missing_working_directory_fails_the_launch_and_is_not_created(
+    people: dict[str, Person],
+) -> None:
+    # Checked as the job's user; the checkpoint dir the head puts inside the working
+    # directory must not create it either (a mistyped -D ran the job in a new dir).
+    bob = people["bob"]
+    typo = bob.home / "no-such" / "dir"
+    attack = submit(bob.client, job(typo, sh("echo ran")))
+    state, out, err = _ended(bob, attack)
+    assert (state, out) == ("F", "")
+    assert f"LaunchFailed: working directory {typo} does not exist on this node" in err
+    assert not (bob.home / "no-such").exists()
+    _launch_failed_once(bob, attack)
 
 
 def test_logs_never_follow_a_symlink_the_job_planted(

@@ -57,7 +57,7 @@ def test_philly_window_per_vc_compares_policies_and_writes_plots(tmp_path: Path)
     assert fifo["jobs"] == sjf["jobs"] > 100
     assert fifo["cluster"] == "11cb48,103959"
     assert fifo["avg_queue_s"] > sjf["avg_queue_s"]  # head-of-line blocking under FIFO
-    for name in ("jct_cdf.png", "utilization.png", "queue.png"):
+    for name in ("jct_cdf.png", "queue_cdf.png", "utilization.png", "queue.png"):
         png = tmp_path / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

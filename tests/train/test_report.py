@@ -50,6 +50,21 @@ def test_progress_is_printed_and_posted_to_the_head(head: FakeHead) -> None:
     )
 
 
+def test_progress_posts_leave_no_httpx_lines_in_a_script_logging_at_info(
+    head: FakeHead, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As examples/train_gpt.py's basicConfig(INFO); httpx's own level too, which other code
+    # in this process (the client, the CLI) may have raised to WARNING.
+    with caplog.at_level(logging.INFO), caplog.at_level(logging.INFO, logger="httpx"):
+        reporter = Reporter(0, 0, environ=_env(head.url), printer=lambda _: None)
+        reporter.report(_progress(10))
+        reporter.close()
+        logging.getLogger("httpx").info("the script's own httpx line")
+    assert reporter.sent == 1
+    httpx_lines = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert httpx_lines == ["the script's own httpx line"]
+
+
 def test_a_head_without_the_endpoint_is_logged_once_and_training_goes_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

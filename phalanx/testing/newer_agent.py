@@ -1,8 +1,9 @@
 """`phalanx agent` as another release would run it: with the API version given first on
 the command line, and fields this release does not know in what it sends the head
-(registration, heartbeats, the processes in them).
+(registration, heartbeats, the processes in them). For tests and benchmarks of rolling
+upgrades (LocalCluster.upgrade_agent(address, argv_prefix("1.99"))).
 
-    python -m tests.agent.newer_agent 1.99 agent --head URL …
+    python -m phalanx.testing.newer_agent 1.99 agent --head URL …
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def _with_new_fields(cls: type[Any], fields: dict[str, Any]) -> None:
         return json.dumps(data)
 
     setattr(cls, "model_dump_json", dump)  # noqa: B010 (mypy forbids assigning a method)
+
+
+def argv_prefix(api_version: str) -> list[str]:
+    """What runs `phalanx` as a release speaking `api_version` ("1.99"): put "agent" and
+    its flags after it."""
+    return [sys.executable, "-m", "phalanx.testing.newer_agent", api_version]
 
 
 def main() -> None:

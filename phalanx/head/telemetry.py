@@ -1,0 +1,70 @@
+"""The latest GPU readings of each node, as its agent sent them with its heartbeat.
+
+Kept in memory beside the control loop, never in its transaction: a reading changes every
+heartbeat, is worthless after a restart, and must cost the writer nothing (DESIGN.md:
+telemetry is stored off the writer's path). Readers get copies under a lock.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from phalanx.api.models import GpuInfo, GpuTelemetry, JobGpu
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    time: float  # the head's clock when the heartbeat arrived
+    gpus: tuple[GpuTelemetry, ...]
+
+
+class GpuSamples:
+    """node → its latest Reading."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest: dict[str, Reading] = {}
+
+    def record(self, node: str, gpus: list[GpuTelemetry], now: float) -> None:
+        """A registered node's heartbeat arrived; an empty list (no telemetry this time:
+        the agent failed to read its GPUs) keeps the last reading, which ages."""
+        if not gpus:
+            return
+        with self._lock:
+            self._latest[node] = Reading(now, tuple(gpus))
+
+    def forget(self, node: str) -> None:
+        with self._lock:
+            self._latest.pop(node, None)
+
+    def latest(self, node: str) -> Reading | None:
+        with self._lock:
+            return self._latest.get(node)
+
+    def of_job(
+        self,
+        placement: list[tuple[str, list[int]]],
+        inventory: dict[str, list[GpuInfo]],
+        now: float,
+    ) -> list[JobGpu]:
+        """The latest reading of each GPU in `placement` (node → GPU indices), with each
+        GPU's total memory from `inventory` (node → its GPUs)."""
+        out = []
+        for node, indices in placement:
+            reading = self.latest(node)
+            by_index = {g.index: g for g in reading.gpus} if reading is not None else {}
+            memory = {g.index: g.memory_mb for g in inventory.get(node, [])}
+            for index in indices:
+                sample = by_index.get(index)
+                out.append(
+                    JobGpu(
+                        node=node,
+                        index=index,
+                        utilization_pct=None if sample is None else sample.utilization_pct,
+                        memory_used_mb=None if sample is None else sample.memory_used_mb,
+                        memory_mb=memory.get(index),
+                        age_s=None if reading is None else max(0.0, now - reading.time),
+                    )
+                )
+        return out
