@@ -7,9 +7,11 @@ Runs the agent's real ProcessManager.start (root agent) `--n` times each way, in
 - as_user: the job runs as `--user` (the agent creates its log files owned by it, and a
   /bin/sh wrapper, already that user, enters the working directory and opens an -o file
   before it execs the command).
+- as_user_shim: as as_user, under the shim that records the exit status for an agent
+  restarted meanwhile (phalanx/agent/shim.py: what every rank and step task runs under).
 Latency is from the start call to the job's command running: the command is `date +%s%N`,
 whose own clock reading is compared with the wall clock before the call. Prints one JSON
-object with p50/p99 in milliseconds for each and the ratio as_user / own.
+object with p50/p99 in milliseconds for each and the ratios to own.
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ from phalanx.agent.identity import RunAs, resolve
 from phalanx.agent.processes import ProcessManager
 
 
-def _once(pm: ProcessManager, key: str, d: Path, run_as: RunAs | None, output: Path | None) -> int:
+def _once(
+    pm: ProcessManager,
+    key: str,
+    d: Path,
+    run_as: RunAs | None,
+    output: Path | None,
+    status: Path | None = None,
+) -> int:
     """Nanoseconds from start() to the job's command reading the clock."""
     out, err = d / f"{key}.out", d / f"{key}.err"
     t0 = time.time_ns()
@@ -42,6 +51,7 @@ def _once(pm: ProcessManager, key: str, d: Path, run_as: RunAs | None, output: P
         stderr=err,
         run_as=run_as,
         outputs=(output, None),
+        status=status,
     )
     while (s := pm.get(key)) is not None and s.running:
         time.sleep(0.001)
@@ -80,14 +90,20 @@ def main() -> None:
     pm = ProcessManager()
     own: list[int] = []
     as_user: list[int] = []
+    shimmed: list[int] = []
+    status_dir = root / "status"  # the agent's, as procs/ in a launch dir
+    status_dir.mkdir(mode=0o700)
     try:
         for i in range(args.n):
             own.append(_once(pm, f"own-{i}", own_dir, None, None))
             as_user.append(_once(pm, f"user-{i}", user_dir, other, user_dir / f"o-{i}"))
+            shim_out = user_dir / f"s-{i}"
+            status = status_dir / f"s-{i}"
+            shimmed.append(_once(pm, f"shim-{i}", user_dir, other, shim_out, status))
     finally:
         pm.stop_all(1.0)
         shutil.rmtree(root, ignore_errors=True)
-    a, b = _stats(own), _stats(as_user)
+    a, b, c = _stats(own), _stats(as_user), _stats(shimmed)
     print(
         json.dumps(
             {
@@ -95,8 +111,11 @@ def main() -> None:
                 "user": args.user,
                 "own": a,
                 "as_user": b,
+                "as_user_shim": c,
                 "ratio_p50": round(b["p50_ms"] / a["p50_ms"], 2),
                 "ratio_p99": round(b["p99_ms"] / a["p99_ms"], 2),
+                "shim_ratio_p50": round(c["p50_ms"] / a["p50_ms"], 2),
+                "shim_ratio_p99": round(c["p99_ms"] / a["p99_ms"], 2),
             }
         )
     )
