@@ -19,7 +19,7 @@ from phalanx.testing.invariants import check_never_twice
 from tests.e2e.helpers import cancel_all, describe, submit, wait_for, wait_state
 
 HEAD_ARGS = ["--heartbeat", "0.5", "--lease", "2", "--requeue-margin", "1"]
-HEAD_ARGS += ["--kill-grace", "2", "--preempt-grace", "20", "--hang-timeout", "0"]
+HEAD_ARGS += ["--kill-grace", "2", "--preempt-grace", "5", "--hang-timeout", "0"]
 NODES = ["127.0.0.2", "127.0.0.3", "127.0.0.4"]
 
 

@@ -27,12 +27,16 @@ RUN = OPERATIONS  # all four: head restart, head pause, standby takeover, agent 
 
 
 def test_routine_operations_kill_no_job(postgres: PostgresServer, tmp_path: Path) -> None:
-    # A 16 s outage is 3.2 × (lease 4 s + margin 1 s): only riding it out on the peers
-    # keeps the jobs. ~15 s to start, 8 s of jobs alone, then per operation the outage (or
-    # the agent restart) and 7 s of quiet to catch a late requeue: 2–3 minutes in all.
+    # A 22 s outage is 3.1 × (lease 6 s + margin 1 s): only riding it out on the peers
+    # keeps the jobs. The lease also bounds an agent's upgrade (SIGUSR2 → the new agent
+    # registered): 4 s was too short for a Python start on a machine busy with more than
+    # this suite (8.3 s seen). ~15 s to start, 8 s of jobs alone, then per operation the
+    # outage (or the agent restart) and a quiet lease + margin + 2 heartbeats to catch a late
+    # requeue: about 3 minutes in all.
     config = OperationsConfig(
         operations=RUN,
-        outage_s=16.0,
+        lease_s=6.0,
+        outage_s=22.0,
         baseline_s=8.0,
         db_url=postgres.new_database("operations"),
     )
