@@ -95,9 +95,9 @@ def rebuild(mirror: Mirror, tx: Tx, now: float) -> None:
         core.submit(_without_dependencies(request), rec.start_time or now)
         core.start(rec.id, _placement(core, rec), rec.start_time or now)
     for rec in sorted(live.values(), key=lambda r: r.id):
-        if not rec.placement and (rec.in_core or rec.hold is not None):
+        if not rec.placement:
             core.submit(core_request(mirror, rec), rec.submit_time)
-            if rec.hold is not None:  # known to its dependents (they wait), not queued
+            if not _queued(rec):  # known to its dependents (they wait), not queued
                 core.withdraw(rec.id)
     mirror.core = core
 
@@ -132,8 +132,20 @@ def queue(mirror: Mirror, tx: Tx, records: list[JobRecord], now: float) -> None:
     for job_id, (started, final) in store.outcomes(tx.conn, unknown).items():
         core.remember(job_id, started, JobState(final))
     for rec in records:
-        if rec.in_core and rec.hold is None:
-            core.submit(core_request(mirror, rec), now)
+        if rec.id in core.withdrawn:
+            if _queued(rec):
+                core.submit(core_request(mirror, rec), now)
+            continue
+        core.submit(core_request(mirror, rec), now)
+        if not _queued(rec):
+            core.withdraw(rec.id)
+
+
+def _queued(rec: JobRecord) -> bool:
+    """Whether a pending job is in the core's queue; a held job, or an array task behind
+    its array's `%N` limit, is known to the core (jobs that depend on it wait) but not
+    queued."""
+    return rec.in_core and rec.hold is None
 
 
 def withdraw(mirror: Mirror, rec: JobRecord) -> None:

@@ -300,3 +300,26 @@ def test_a_malformed_ref_is_refused() -> None:
         with pytest.raises(HeadError) as err:
             jobcontrol.parse_ref(ref)
         assert err.value.status == 422
+
+
+def test_a_job_that_depends_on_a_throttled_array_task_waits_for_it(loop: HeadLoop) -> None:
+    """A task kept out of the queue by the array's `%1` limit exists and will run: a job
+    that depends on it waits (reason Dependency), it is not 'never satisfied'; also after a
+    head restart rebuilds the core's state."""
+    loop.join("n1")
+    loop.join("n2")
+    array = _array(loop, 3, max_parallel=1)
+    then = loop.submit(dependencies=[DependencySpec(type="afterok", job_ids=[array + 2])])
+    loop.advance(1)
+    assert loop.job(array + 2).reason == "JobArrayTaskLimit"
+    assert _reason(loop, then)[0] == "Dependency"
+    loop.restart()
+    loop.advance(1)
+    assert _reason(loop, then)[0] == "Dependency"
+    for task in (array, array + 1, array + 2):
+        loop.advance(1)
+        assert loop.state(task) == "R"
+        loop.exit(task, 0)
+        loop.advance(1)
+    loop.advance(1)
+    assert loop.state(then) == "R"
