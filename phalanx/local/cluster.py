@@ -143,8 +143,9 @@ class LocalCluster:
         standby: bool = False,
         standby_host: str = "127.0.1.1",
     ) -> None:
-        if nodes < 1 or nodes > 253:
-            raise ClusterError(f"nodes must be between 1 and 253 (got {nodes})")
+        if nodes < 0 or nodes > 253:
+            # 0: a head alone (simulated agents join it: phalanx.testing.fleet)
+            raise ClusterError(f"nodes must be between 0 and 253 (got {nodes})")
         if gpus_per_node < 1:
             raise ClusterError(f"gpus_per_node must be at least 1 (got {gpus_per_node})")
         if standby and not (db_url or "").startswith("postgresql"):

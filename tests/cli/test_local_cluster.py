@@ -23,8 +23,8 @@ def test_an_agent_that_cannot_start_is_reported_with_its_log(tmp_path: Path) -> 
 
 
 def test_bad_sizes_are_refused_before_starting_anything(tmp_path: Path) -> None:
-    with pytest.raises(ClusterError, match="nodes must be between 1 and 253"):
-        LocalCluster(tmp_path, nodes=0)
+    with pytest.raises(ClusterError, match="nodes must be between 0 and 253"):
+        LocalCluster(tmp_path, nodes=-1)
 
 
 def test_a_standby_head_without_postgresql_is_refused_before_starting_anything(
