@@ -25,8 +25,8 @@ def test_simulated_nodes_join_run_a_gang_job_and_end_it(tmp_path: Path) -> None:
         async def scenario() -> None:
             runner = asyncio.create_task(fleet.run(20.0))
             deadline = time.monotonic() + 15
-            while time.monotonic() < deadline and client.job(job).job.state != "R":
-                await asyncio.sleep(0.2)
+            while time.monotonic() < deadline and sum(job in n.running for n in fleet.nodes) < 2:
+                await asyncio.sleep(0.1)  # state R comes at placement; ranks once both nodes heard
             assert client.job(job).job.state == "R"
             assert fleet.finish(job, 0) == 2  # two nodes hold its ranks
             while time.monotonic() < deadline and client.job(job).job.state in ("R", "CG"):
