@@ -97,8 +97,13 @@ def job_stats(head: Head, job_id: int, resolution: t.Resolution | None, series: 
     if facts is None:
         raise HeadError(404, f"no job {job_id}")
     live = store.stats(facts)
+    # Final once the store kept its summary (`settle_s` after the end, when the agent's
+    # last samples are in); until then the live figures, not yet final.
     summary = store.summary(job_id) if facts.final else None
-    out = live if summary is None else summary.model_copy(update={"per_gpu": live.per_gpu})
+    if summary is None:
+        out = live.model_copy(update={"final": False})
+    else:
+        out = summary.model_copy(update={"per_gpu": live.per_gpu})
     if not series:
         return out
     res, util = store.series(job_id, resolution)
