@@ -124,8 +124,10 @@ class RollupBlock:
     samples: I32  # G×B samples behind the bucket
 
 
-def rollup(block: RawBlock, bucket_s: float) -> RollupBlock:
-    """Bucket a raw block by `bucket_s` seconds (aligned to multiples of it)."""
+def rollup(block: RawBlock, bucket_s: float, before: F64 | None = None) -> RollupBlock:
+    """Bucket a raw block by `bucket_s` seconds (aligned to multiples of it). `before`:
+    each GPU's energy counter at the sample just before the block (the previous hour's
+    last), so the energy used across the boundary is counted too."""
     g = block.gpus.shape[0]
     if not block.n:
         empty = np.zeros((g, 0))
@@ -144,6 +146,9 @@ def rollup(block: RawBlock, bucket_s: float) -> RollupBlock:
     job = np.zeros((g, b), np.int32)
     count = np.zeros((g, b), np.int32)
     steps = energy_steps(block.energy)
+    if before is not None and before.shape == (g,):
+        first = block.energy[:, 0] - before
+        steps[:, 0] = np.where(np.isnan(first) | (first < 0), 0.0, first)
     for k in range(b):
         lo, hi = bounds[k], bounds[k + 1]
         u = block.util[:, lo:hi]

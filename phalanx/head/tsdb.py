@@ -284,6 +284,7 @@ class TelemetryStore:
         c.samples += block.n
         with self._lock:
             self._pending.setdefault(node, []).append(block)
+            jobs, epochs = block.job, block.epoch
             for gi in range(g):
                 for job, epoch in set(zip(jobs[gi].tolist(), epochs[gi].tolist(), strict=True)):
                     if job:
@@ -446,7 +447,21 @@ class TelemetryStore:
             conn.execute(
                 delete(_T).where(and_(_T.c.level == MINUTE, _T.c.node == node, _T.c.start == hour))
             )
-            ups = [rollup(b, 60.0) for b in blocks if b.n]
+            prev = conn.execute(
+                select(_T.c.data)
+                .where(
+                    and_(
+                        _T.c.level == RAW,
+                        _T.c.node == node,
+                        _T.c.start >= hour - HOUR_S,
+                        _T.c.start < hour,
+                    )
+                )
+                .order_by(_T.c.start.desc())
+                .limit(1)
+            ).first()
+            last = unpack_raw(prev.data) if prev is not None else None
+            ups = [rollup(b, 60.0, _energy_before(last, b, hour - 300.0)) for b in blocks if b.n]
             conn.execute(insert(_T), [_rollup_row(node, r, MINUTE, hour, HOUR_S) for r in ups])
 
     def _rollup_days(self, now: float) -> None:
@@ -713,6 +728,16 @@ class TelemetryStore:
                 )
             ).all()
         return {int(r[0]): (int(r[1]), int(r[2] or 0)) for r in rows}
+
+
+def _energy_before(last: RawBlock | None, b: RawBlock, since: float) -> Any:
+    """Each GPU's energy counter at the previous hour's last sample, when that block has
+    the same GPUs and ends just before `b` (within 5 minutes of the hour); else None."""
+    if last is None or not last.n or not np.array_equal(last.gpus, b.gpus):
+        return None
+    if float(last.times[-1]) < since:
+        return None
+    return last.energy[:, -1]
 
 
 def _f(x: float) -> float | None:
