@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -48,6 +49,11 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
         yield e
 
 
+def flat(a: list[Any], b: list[Any]) -> list[Any]:
+    """Two GPUs' values, sample-major (a batch's layout)."""
+    return [x for pair in zip(a, b, strict=True) for x in pair]
+
+
 class Stream(GpuSamples):
     """GpuSamples that also keeps every (node, time, readings) it was handed."""
 
@@ -63,7 +69,6 @@ class Stream(GpuSamples):
 def _batch(node: str, times: list[float], util0: float, energy0: list[float]) -> TelemetryBatch:
     """GPU 0 held by job 7 at `util0`; GPU 1 idle and unheld."""
     n = len(times)
-    flat = lambda a, b: [x for pair in zip(a, b, strict=True) for x in pair]  # noqa: E731
     return TelemetryBatch.model_validate(
         {
             "node": node,
