@@ -129,7 +129,8 @@ def test_declared_utilisation_gives_exact_stats_live_then_final(
 def test_a_job_drives_its_utilisation_at_run_time(
     tele: tuple[LocalCluster, str], api: PhalanxClient, tmp_path: Path
 ) -> None:
-    script = 'echo 20 > "$PHALANX_FAKE_GPU_UTIL_FILE"; sleep 3; echo 60 > "$PHALANX_FAKE_GPU_UTIL_FILE"; sleep 3'
+    f = '"$PHALANX_FAKE_GPU_UTIL_FILE"'
+    script = f"echo 20 > {f}; sleep 3; echo 60 > {f}; sleep 3"
     job_id = api.submit(job(tmp_path, sh(script), gpus_per_node=1)).job_ids[0]
     wait_state(api, job_id, "CD", timeout=60)
     done = wait_for("final stats", lambda: s if (s := api.job_stats(job_id)).final else None, 30)
