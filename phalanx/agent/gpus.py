@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
@@ -76,11 +76,32 @@ class GpuProvider(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class FakeLoad:
+    """What a job makes a fake GPU it holds show (agent/fakeload.py reads it from the job):
+    utilisation in %, None for the default (busy: ~95% with small deterministic noise),
+    and memory used as a % of the GPU's, None for the default (follows utilisation)."""
+
+    utilization_pct: float | None = None
+    memory_pct: float | None = None
+
+
+# Board power of each model at full load (TDP, W); an unknown model gets DEFAULT_TDP_W.
+TDP_W = {"H100": 700.0, "H200": 700.0, "B200": 1000.0, "A100": 400.0, "L40S": 350.0, "L4": 72.0}
+DEFAULT_TDP_W = 400.0
+IDLE_W = 65.0  # a GPU doing nothing
+BUSY_PCT = 95.0  # a held GPU whose job declares nothing
+_NOISE_PCT = 2.0  # ± around BUSY_PCT, the same sequence every run
+
+
 class FakeProvider:
     """GPUs that do not exist, for machines without any (tests, laptops, CPU clusters).
 
     UUIDs derive from the node name and index, so they are stable across restarts.
-    Utilization is 100% on a GPU that `busy()` names (a job's process holds it), else 0.
+    A GPU held by a job shows the job's FakeLoad (`load()`: GPU index → load; see
+    agent/fakeload.py for how a job declares or drives it), ~95% busy by default; a GPU
+    nobody holds is at 0% and idle power. Memory, power and temperature follow
+    utilisation; `energy_j` integrates power over time like NVML's total-energy counter.
     Faults come only from `inject()` (`POST /v1/faults` on the agent).
     """
 
@@ -92,7 +113,9 @@ class FakeProvider:
         *,
         node_name: str = "node",
         busy: Callable[[], Collection[int]] | None = None,
+        load: Callable[[], Mapping[int, FakeLoad]] | None = None,
         device_dir: Path | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if count < 0:
             raise GpuError(f"--fake-gpus must be 0 or more, got {count}")
@@ -101,9 +124,17 @@ class FakeProvider:
         self.memory_mb = memory_mb
         self.node_name = node_name
         self.busy = busy
+        self.load = load
         self.device_dir = device_dir  # where nvidia0… live (tests: mknod'ed in a temp dir)
+        self.tdp_w = TDP_W.get(model.upper(), DEFAULT_TDP_W)
         self._faults: list[GpuFault] = []
         self._fault_added = threading.Condition()
+        self._clock = clock
+        self._energy_lock = threading.Lock()
+        self._energy = [0.0] * count  # J per GPU since this provider started
+        self._power = [IDLE_W] * count  # W per GPU at the last reading
+        self._last = clock()
+        self._readings = 0  # drives the deterministic noise
 
     def inventory(self) -> list[GpuInfo]:
         """Fake GPUs 0..count-1 with UUIDs stable for this node name."""
@@ -123,21 +154,42 @@ class FakeProvider:
             return {}
         return {i: self.device_dir / f"nvidia{i}" for i in range(self.count)}
 
+    def _loads(self) -> dict[int, FakeLoad]:
+        """GPU index → the load of the job holding it (absent: nobody holds it)."""
+        if self.load is not None:
+            return dict(self.load())
+        if self.busy is not None:
+            return {i: FakeLoad() for i in self.busy()}
+        return {}
+
     def telemetry(self) -> list[GpuTelemetry]:
-        """Plausible readings: a held GPU looks busy and warm, an idle one cool."""
-        held = set(self.busy()) if self.busy is not None else set()
+        """Believable readings: utilisation from the holder's load, the rest following it."""
+        try:
+            loads = self._loads()
+        except Exception:  # never raise from telemetry: a broken hook reads as all idle
+            log.exception("fake GPU load hook failed")
+            loads = {}
         out = []
-        for i in range(self.count):
-            on = i in held
-            out.append(
-                GpuTelemetry(
-                    index=i,
-                    utilization_pct=100.0 if on else 0.0,
-                    memory_used_mb=self.memory_mb // 2 if on else 0,
-                    temperature_c=65.0 if on else 32.0,
-                    power_w=550.0 if on else 70.0,
+        with self._energy_lock:
+            now = self._clock()
+            dt, self._last = max(0.0, now - self._last), now
+            self._readings += 1
+            for i in range(self.count):
+                self._energy[i] += self._power[i] * dt  # the power since the last reading
+                util, mem_pct = _fake_levels(loads.get(i), i, self._readings)
+                held = i in loads
+                power = IDLE_W + (self.tdp_w - IDLE_W) * util / 100.0
+                self._power[i] = power
+                out.append(
+                    GpuTelemetry(
+                        index=i,
+                        utilization_pct=util,
+                        memory_used_mb=round(self.memory_mb * mem_pct / 100.0) if held else 0,
+                        temperature_c=round(32.0 + 0.4 * util, 1),
+                        power_w=round(power, 1),
+                        energy_j=round(self._energy[i], 3),
+                    )
                 )
-            )
         return out
 
     def inject(self, fault: FaultInjection) -> None:
@@ -260,7 +312,8 @@ class NvmlProvider:
         return out
 
     def telemetry(self) -> list[GpuTelemetry]:
-        """Utilization (%), memory used (MiB), temperature (°C), power (W) per GPU."""
+        """Utilization (%), memory used (MiB), temperature (°C), power (W) and energy since
+        the driver loaded (J; Volta and later) per GPU; what a GPU cannot tell is None."""
         nvml = self._nvml
         out = []
         for i, h in self._handles:
@@ -268,6 +321,7 @@ class NvmlProvider:
             mem = self._query("memory", nvml.nvmlDeviceGetMemoryInfo, h, gpu=i)
             temp = self._query("temperature", nvml.nvmlDeviceGetTemperature, h, 0, gpu=i)  # die
             power = self._query("power", nvml.nvmlDeviceGetPowerUsage, h, gpu=i)  # milliwatts
+            energy = self._energy_mj(i, h)
             out.append(
                 GpuTelemetry(
                     index=i,
@@ -275,9 +329,19 @@ class NvmlProvider:
                     memory_used_mb=int(mem.used) // (1024 * 1024) if mem is not None else None,
                     temperature_c=float(temp) if temp is not None else None,
                     power_w=float(power) / 1000.0 if power is not None else None,
+                    energy_j=float(energy) / 1000.0 if energy is not None else None,
                 )
             )
         return out
+
+    def _energy_mj(self, i: int, h: Any) -> int | None:
+        """GPU i's total energy counter (mJ), None where unsupported (asked once)."""
+        what = "energy"
+        get = getattr(self._nvml, "nvmlDeviceGetTotalEnergyConsumption", None)
+        if get is None or (what, i) in self._unsupported:
+            return None
+        value = self._query(what, get, h, gpu=i)
+        return None if value is None else int(value)
 
     # ------------------------------------------------------------------ faults
     def health_events(self, timeout_s: float) -> list[GpuFault]:
@@ -411,6 +475,7 @@ def detect(
     *,
     node_name: str = "node",
     busy: Callable[[], Collection[int]] | None = None,
+    load: Callable[[], Mapping[int, FakeLoad]] | None = None,
     device_dir: Path | None = None,
 ) -> GpuProvider:
     """The provider for this machine: fake GPUs if asked for, else NVML.
@@ -419,5 +484,25 @@ def detect(
     `--fake-gpus N` was given.
     """
     if fake_gpus is not None:
-        return FakeProvider(fake_gpus, model, node_name=node_name, busy=busy, device_dir=device_dir)
+        return FakeProvider(
+            fake_gpus, model, node_name=node_name, busy=busy, load=load, device_dir=device_dir
+        )
     return NvmlProvider()
+
+
+def _fake_levels(load: FakeLoad | None, index: int, reading: int) -> tuple[float, float]:
+    """(utilisation %, memory %) of a fake GPU: 0/0 when nobody holds it; the job's
+    declared values as they are; by default busy with a small noise that depends only on
+    the GPU and the reading's number (so runs repeat)."""
+    if load is None:
+        return 0.0, 0.0
+    if load.utilization_pct is not None:
+        util = min(100.0, max(0.0, load.utilization_pct))
+    else:
+        wobble = ((index * 7919 + reading * 104729) % 1000) / 1000.0  # 0 ≤ wobble < 1
+        util = round(BUSY_PCT + _NOISE_PCT * (2 * wobble - 1), 1)
+    if load.memory_pct is not None:
+        mem = min(100.0, max(0.0, load.memory_pct))
+    else:
+        mem = 10.0 + 0.8 * util  # a context plus a working set that grows with the work
+    return util, mem

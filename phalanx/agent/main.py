@@ -21,12 +21,13 @@ from phalanx import pidlock
 from phalanx.api.models import MAX_CONFINEMENT, RegisterRequest, validation_detail
 from phalanx.tls import TLSError, client_context
 
-from . import adopt, cgroups
+from . import adopt, cgroups, fakeload, telemetry
 from .confine import JobConfiner
 from .execrun import ExecManager
 from .gpus import FakeProvider, GpuError, GpuProvider, detect
 from .guard import LeaseFile, start_guard, stop_guard
 from .headlink import HeadLink, HeadSeen, JoinRefused
+from .headlink import _headers as headlink_headers
 from .health import EVENTS_FILE, EventQueue, HealthMonitor, check_problem
 from .identity import sane_env
 from .processes import ProcessManager
@@ -73,6 +74,8 @@ class AgentConfig:
     gpu_dev_dir: Path | None = None  # fake GPUs' device files (nvidia0…), for tests
     ca_file: Path | None = None  # the CA certificate the head's TLS is pinned to
     max_outage_s: float = 720.0  # keep jobs through a head outage this long (head caps it)
+    telemetry_interval_s: float = telemetry.DEFAULT_INTERVAL_S  # GPU and job sampling
+    telemetry_ship_s: float = telemetry.DEFAULT_SHIP_S  # batches to the head
 
 
 class _Server(uvicorn.Server):
@@ -172,6 +175,7 @@ async def _run(
         head_url=cfg.head_url,
         secrets=keep_out,
         head_ca_pem=ca_pem,
+        fake_gpus=cfg.fake_gpus is not None,
     )
     procs = ProcessManager(on_change=notify)
     steps = StepManager(ctx, procs)
@@ -190,6 +194,7 @@ async def _run(
         cfg.gpu_model,
         node_name=cfg.name,
         busy=reconciler.busy_gpus,
+        load=lambda: fakeload.loads(reconciler.holdings()),
         device_dir=cfg.gpu_dev_dir,
     )
     confinement = cgroups.setup(
@@ -279,6 +284,7 @@ async def _run(
             max_outage_s=cfg.max_outage_s,
             lease_until=survivors.deadline,
         )
+        shipping = _start_telemetry(cfg, gpus, reconciler, link, survivals, stop, ca_pem)
         # Fences the jobs should this process be frozen or killed (it cannot, then).
         guard = start_guard(state_dir)
         if survivors.deadline is not None:
@@ -302,10 +308,67 @@ async def _run(
                 await asyncio.to_thread(stop_guard, guard)
             server.should_exit = True
             await serving
+            await shipping.stop()
     finally:
         await asyncio.to_thread(health.stop)
         gpus.close()
         confinement.close()
+
+
+class _Telemetry:
+    """The sampler thread and the shipper task of one agent run."""
+
+    def __init__(self, sampler: telemetry.Sampler, task: asyncio.Task[None]) -> None:
+        self.sampler = sampler
+        self.task = task
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        await asyncio.to_thread(self.sampler.stop)
+
+
+def _start_telemetry(
+    cfg: AgentConfig,
+    gpus: GpuProvider,
+    reconciler: Reconciler,
+    link: HeadLink,
+    survivals: Survivals,
+    stop: asyncio.Event,
+    ca_pem: str | None,
+) -> _Telemetry:
+    """Sample GPUs and jobs on a thread; ship the samples from a task (agent/telemetry.py)."""
+    loop = asyncio.get_running_loop()
+    shipper: telemetry.Shipper | None = None
+
+    def job_ended() -> None:
+        if shipper is not None:
+            loop.call_soon_threadsafe(shipper.wake)
+
+    sampler = telemetry.Sampler(
+        gpus,
+        reconciler.holdings,
+        interval_s=cfg.telemetry_interval_s,
+        survivals=survivals,
+        on_job_end=job_ended,
+    )
+
+    def target() -> tuple[str, str] | None:
+        token = link.node_token
+        return None if token is None else (link.head_url, token)
+
+    shipper = telemetry.Shipper(
+        sampler,
+        cfg.name,
+        target,
+        headlink_headers,
+        ship_s=cfg.telemetry_ship_s,
+        verify=client_context(ca_pem),
+        survivals=survivals,
+    )
+    sampler.start()
+    return _Telemetry(sampler, asyncio.create_task(shipper.run(stop)))
 
 
 async def _serve(

@@ -18,7 +18,7 @@ from pathlib import Path
 from phalanx.api.models import Assignment, DesiredState, ProcessStatus
 from phalanx.jobspec import expand_pattern
 
-from . import adopt, identity, leftovers, logfiles, notices
+from . import adopt, fakeload, identity, leftovers, logfiles, notices
 from .admission import (
     LAUNCH_FAILED,
     Refused,
@@ -39,6 +39,10 @@ DEFAULT_KILL_GRACE_S = 10.0
 _LAUNCH_THREADS = 8  # ranks of one launch started at once
 
 JobKey = tuple[int, int]  # (job_id, epoch)
+
+
+def _key(a: Assignment) -> JobKey:
+    return (a.job_id, a.epoch)
 
 
 def rank_key(job_id: int, epoch: int, rank: int) -> Hashable:
@@ -64,6 +68,7 @@ class LaunchContext:
     head_url: str | None = None
     secrets: Collection[str] = ()
     head_ca_pem: str | None = None  # the CA the head's TLS is pinned to, for jobs
+    fake_gpus: bool = False  # each rank gets a file to drive its fake GPU (fakeload.py)
 
     @property
     def bin_dir(self) -> Path:
@@ -81,7 +86,7 @@ class LaunchContext:
         """The environment of a process of `a` on this node as its rank `local_rank` sees
         it (a rank, or a command `phalanx exec` runs beside one): env.job_env with this
         node's facts."""
-        return job_env(
+        env = job_env(
             a,
             base={**self.base_env, **user.env()},
             local_rank=local_rank,
@@ -92,6 +97,9 @@ class LaunchContext:
             secrets=self.secrets,
             head_ca_pem=self.head_ca_pem,
         )
+        if self.fake_gpus:
+            env[fakeload.FILE_ENV] = str(fakeload.util_file(self.job_dir(*_key(a)), local_rank))
+        return env
 
     def open_job_dir(self, job_id: int, epoch: int) -> Path:
         """The job dir, created so the job's user can pass through to its own files in it
@@ -416,6 +424,9 @@ class Reconciler:
         if not user.switches:
             _link_default_paths(self.ctx.state_dir, a, rank, out, err)
         env = self.ctx.rank_env(a, user, local, port)
+        if self.ctx.fake_gpus:
+            with contextlib.suppress(OSError):  # the job's to write; missing: not driven
+                os.close(open_job_file(fakeload.util_file(job_dir, local), user))
         state = self.procs.start(
             rank_key(a.job_id, a.epoch, rank),
             argv,
@@ -702,6 +713,27 @@ class Reconciler:
                 if launch.assignment and any(s is not None and s.running for s in states):
                     busy.update(launch.assignment.gpus)
             return busy
+
+    def holdings(self) -> list[fakeload.Holding]:
+        """Each job with a running rank here: its GPUs, environment, cgroup, rank pids
+        (the telemetry sampler attributes GPUs and reads CPU use by it)."""
+        out = []
+        with self._lock:
+            for (job_id, epoch), launch in self._launches.items():
+                a = launch.assignment
+                states = [self.procs.get(rank_key(job_id, epoch, r)) for r in launch.ranks]
+                pids = tuple(s.pid for s in states if s is not None and s.running and s.pid)
+                if a is None or not pids:
+                    continue
+                cg = self.confine.get(job_id, epoch) if self.confine is not None else None
+                cpus = len(cg.cpus()) if cg is not None else 0
+                out.append(
+                    fakeload.Holding(
+                        job_id, epoch, tuple(a.gpus), a.env, self.ctx.job_dir(job_id, epoch),
+                        cg, pids, cpus,
+                    )
+                )  # fmt: skip
+        return out
 
     def rank_log(self, job_id: int, rank: int) -> tuple[Path, Path, bool] | None:
         """(stdout, stderr, ended) of a rank of `job_id` on this node, newest epoch first;

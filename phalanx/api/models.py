@@ -391,6 +391,10 @@ class GpuTelemetry(Lenient):
     memory_used_mb: Count | None = None
     temperature_c: Measure | None = None
     power_w: Measure | None = None
+    # Energy since the driver loaded (NVML total energy; the fake provider's since it
+    # started), and the job holding the GPU on this node (telemetry batches carry them).
+    energy_j: Annotated[float, Field(ge=0, le=1e15, allow_inf_nan=False)] | None = None
+    job_id: JobId | None = None
 
 
 class NodeInfo(Lenient):

@@ -13,6 +13,7 @@ from phalanx.cli.connect import select_context
 from phalanx.cli.contexts import CONTEXT_HELP, context_app
 from phalanx.cli.jobctl import hold, release, requeue, update
 from phalanx.cli.jobs import cancel, show
+from phalanx.cli.jobstats import jobstats
 from phalanx.cli.local import local_app
 from phalanx.cli.logs import logs
 from phalanx.cli.nodes import drain, nodes, resume
@@ -63,6 +64,7 @@ def main(
 app.command("submit", cls=SubmitCommand)(submit)
 app.command("queue")(queue)
 app.command("show")(show)
+app.command("jobstats")(jobstats)
 app.command("cancel")(cancel)
 app.command("hold")(hold)
 app.command("release")(release)

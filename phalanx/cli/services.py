@@ -161,6 +161,18 @@ def head(
             show_default=False,
         ),
     ] = None,
+    telemetry_raw_days: Annotated[
+        float,
+        typer.Option(min=0.01, max=3650, help="Keep raw GPU samples (10 s) this many days."),
+    ] = 7.0,
+    telemetry_minute_days: Annotated[
+        float,
+        typer.Option(min=0.01, max=3650, help="Keep per-minute GPU rollups this many days."),
+    ] = 30.0,
+    telemetry_hour_days: Annotated[
+        float,
+        typer.Option(min=0.01, max=36500, help="Keep per-hour GPU rollups this many days."),
+    ] = 365.0,
 ) -> None:
     """Run the head: REST API, scheduler and state (blocks; Ctrl-C stops it).
 
@@ -195,6 +207,9 @@ def head(
         max_spec_bytes=max_spec_bytes,
         max_outage_s=max_outage,
         notify_allow=allow,
+        telemetry_raw_days=telemetry_raw_days,
+        telemetry_minute_days=telemetry_minute_days,
+        telemetry_hour_days=telemetry_hour_days,
     )
     try:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -347,6 +362,23 @@ def agent(
             "--max-outage caps it; 0: fence when the lease runs out).",
         ),
     ] = 720.0,
+    telemetry_interval: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            max=3600,
+            help="Sample every GPU (and each job's CPU and memory) this often, in seconds.",
+        ),
+    ] = 10.0,
+    telemetry_ship: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            max=3600,
+            help="Send the samples to the head this often, in seconds (and at once when a "
+            "job ends here).",
+        ),
+    ] = 10.0,
 ) -> None:
     """Run an agent on this server: join the head, run the jobs it assigns (blocks)."""
     import logging
@@ -379,6 +411,8 @@ def agent(
         gpu_dev_dir=fake_gpu_dev_dir,
         ca_file=ca_file,
         max_outage_s=max_outage,
+        telemetry_interval_s=telemetry_interval,
+        telemetry_ship_s=telemetry_ship,
     )
     try:
         run_agent(config)

@@ -49,6 +49,7 @@ from phalanx.api.models import (
     UserUpdate,
     WhoAmI,
 )
+from phalanx.api.telemetry import JobStats
 from phalanx.tls import CA_FILE_ENV, TLSError, client_context
 
 log = logging.getLogger("phalanx.client")
@@ -375,6 +376,17 @@ class PhalanxClient:
     def job(self, job: int | str) -> JobDetail:
         """One job (`123`, or `"123_4"` for an array task): its state, spec and event log."""
         return self._call(JobDetail, "GET", f"/v1/jobs/{_ref(job)}")
+
+    def job_stats(
+        self, job: int | str, resolution: str | None = None, series: bool = True
+    ) -> JobStats:
+        """A job's GPU efficiency (`phalanx jobstats`): per-GPU utilisation, memory and
+        energy, idle GPUs, CPU and memory use, MFU and tokens/s, notes; `resolution` of
+        the series: raw, minute or hour (None: by the job's length)."""
+        params: dict[str, str | int | float | bool] = {"series": series}
+        if resolution is not None:
+            params["resolution"] = resolution
+        return self._call(JobStats, "GET", f"/v1/jobs/{_ref(job)}/stats", params=params)
 
     def cancel(self, job: int | str, signal: str | None = None) -> JobInfo:
         """Cancel a job, an array task (`"123_4"`) or a whole array (its id); with `signal`,

@@ -29,7 +29,7 @@ from phalanx.api.asgi import (
 )
 from phalanx.api.asgi import bearer_token as _bearer_of
 from phalanx.api.asgi import json_error as _json
-from phalanx.head import admin, execproxy, jobcontrol, jobs
+from phalanx.head import admin, execproxy, jobcontrol, jobs, telemetry_api
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
@@ -275,6 +275,8 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         head.loop = asyncio.get_running_loop()
         notifier.start()
+        head.tsdb.leader = lambda: role is None or role.leader  # a standby stores nothing
+        head.tsdb.start()
         head.control.on_moves = notifier.collect
         try:
             async with httpx.AsyncClient(
@@ -285,6 +287,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         finally:
             head.control.on_moves = None
             await asyncio.to_thread(notifier.stop)
+            await asyncio.to_thread(head.tsdb.stop)
 
     app = FastAPI(
         title="Phalanx head",
@@ -317,6 +320,8 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
             loop_errors=errors,
             notifications=notifier.counts(),
         )
+
+    app.include_router(telemetry_api.router(head))  # telemetry in, job stats out
 
     @app.get("/v1/whoami", response_model=m.WhoAmI)
     def whoami(who: User) -> m.WhoAmI:

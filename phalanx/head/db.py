@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Column,
     Engine,
@@ -17,6 +18,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -153,6 +155,57 @@ events = Table(
 )
 Index("ix_events_job", events.c.job_id)
 Index("ix_events_node", events.c.node)
+
+# Telemetry (head/tsdb.py): chunks of packed samples per node and time range (level 0 raw,
+# 1 minute rollups, 2 hour rollups), which job ran on which node when, the training
+# progress history, and each ended job's efficiency summary (kept forever).
+telemetry_chunks = Table(
+    "telemetry_chunks",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("node", String(128), nullable=False),
+    Column("level", Integer, nullable=False),
+    Column("start", Float, nullable=False),
+    Column("end", Float, nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+)
+Index("ix_telemetry_chunks_node", telemetry_chunks.c.level, telemetry_chunks.c.node,
+      telemetry_chunks.c.start)  # fmt: skip
+Index("ix_telemetry_chunks_end", telemetry_chunks.c.level, telemetry_chunks.c.end)
+
+job_nodes = Table(
+    "job_nodes",
+    metadata,
+    Column("job_id", Integer, primary_key=True, autoincrement=False),
+    Column("epoch", Integer, primary_key=True, autoincrement=False),
+    Column("node", String(128), primary_key=True),
+    Column("first", Float, nullable=False),
+    Column("last", Float, nullable=False),
+)
+Index("ix_job_nodes_last", job_nodes.c.last)
+
+job_progress = Table(
+    "job_progress",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", Integer, nullable=False),
+    Column("time", Float, nullable=False),
+    Column("step", BigInteger, nullable=False),
+    Column("loss", Float, nullable=True),
+    Column("tokens_per_s", Float, nullable=True),
+    Column("mfu", Float, nullable=True),
+)
+Index("ix_job_progress_job", job_progress.c.job_id, job_progress.c.time)
+Index("ix_job_progress_time", job_progress.c.time)
+
+job_stats = Table(
+    "job_stats",
+    metadata,
+    Column("job_id", Integer, primary_key=True, autoincrement=False),
+    Column("time", Float, nullable=False),  # when it was made final
+    Column("summary_json", Text, nullable=False),
+)
 
 
 def default_url(state_dir: Path) -> str:

@@ -43,6 +43,10 @@ class Settings:
     # Where job notifications may be posted (head/notify.py): hosts or URL prefixes;
     # ("none",): nowhere. The default is this machine only.
     notify_allow: tuple[str, ...] = ("127.0.0.1", "localhost", "[::1]")
+    # Telemetry retention (head/tsdb.py): raw samples, minute and hour rollups, in days.
+    telemetry_raw_days: float = 7.0
+    telemetry_minute_days: float = 30.0
+    telemetry_hour_days: float = 365.0
 
 
 @dataclass(slots=True)

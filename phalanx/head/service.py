@@ -22,6 +22,7 @@ from phalanx.head.mirror import Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord, NodeRecord
 from phalanx.head.scheduling import pending_reason
 from phalanx.head.telemetry import GpuSamples
+from phalanx.head.tsdb import TelemetryStore, retention
 from phalanx.tls import TLSError
 
 
@@ -39,6 +40,9 @@ class Head:
         self.agent_verify: ssl.SSLContext | bool = True
         self.now: Callable[[], float] = control.clock.time  # token expiry, node liveness
         self.samples = GpuSamples()  # each node's latest GPU telemetry (memory only)
+        self.tsdb = TelemetryStore(
+            control.engine, control.clock.time, self.samples, retention(control.mirror.settings)
+        )  # GPU telemetry and progress history, stored off the control thread (head/tsdb.py)
         control.on_commit = self._on_commit
         # What agents accept from each other when they ask one another about the head during
         # an outage (docs/fault-tolerance.md#head-outages). Each head has its own; agents
@@ -249,6 +253,7 @@ class Head:
             if rec is not None:
                 rec.progress[report.rank] = report
                 rec.progress_at[report.rank] = self.now()
+        self.tsdb.progress(job_id, report)
 
     def log_source(self, rec: JobRecord, rank: int) -> NodeRecord:
         """The node that holds rank `rank`'s logs."""
@@ -431,7 +436,7 @@ class Head:
             reports.heartbeat(self.mirror, tx, node, hb, tx.now)
 
         await self.control.run_async(op)
-        self.samples.record(hb.name, hb.gpus, self.now())
+        self.samples.observe(hb.name, hb.gpus, self.now())
         node = self.mirror.nodes[hb.name]
         if hb.wait_s > 0 and node.version == hb.version:
             event = self._wakers.setdefault(hb.name, asyncio.Event())

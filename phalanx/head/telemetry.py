@@ -27,12 +27,21 @@ class GpuSamples:
         self._latest: dict[str, Reading] = {}
 
     def record(self, node: str, gpus: list[GpuTelemetry], now: float) -> None:
-        """A registered node's heartbeat arrived; an empty list (no telemetry this time:
-        the agent failed to read its GPUs) keeps the last reading, which ages."""
+        """One sample of a node's GPUs taken at `now` (the head's clock). The telemetry
+        store (head/tsdb.py) calls this for every sample it ingests, in time order per
+        node: the stream idle detection and accounting follow. An empty list (the agent
+        failed to read its GPUs) keeps the last reading, which ages."""
+        self.observe(node, gpus, now)
+
+    def observe(self, node: str, gpus: list[GpuTelemetry], now: float) -> None:
+        """A node's latest reading as its heartbeat carried it: updates what `latest`
+        shows (node and job views), but is not a sample of the stream `record` feeds."""
         if not gpus:
             return
         with self._lock:
-            self._latest[node] = Reading(now, tuple(gpus))
+            before = self._latest.get(node)
+            if before is None or before.time <= now:
+                self._latest[node] = Reading(now, tuple(gpus))
 
     def forget(self, node: str) -> None:
         with self._lock:

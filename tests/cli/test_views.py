@@ -169,7 +169,12 @@ def test_a_requeued_job_shows_its_first_start_and_its_whole_run_time(
 def test_gpu_utilisation_of_nodes_and_of_a_running_job(
     cluster: LocalCluster, admin_env: dict[str, str]
 ) -> None:
-    job_id = _submit(admin_env, "-N", "2", "--gpus-per-node", "2", "--", *SLEEP)
+    # The job declares its fake GPUs' utilisation (agent/fakeload.py): exactly 100%.
+    job_id = _submit(
+        admin_env,
+        "-N", "2", "--gpus-per-node", "2", "--export=ALL,PHALANX_FAKE_GPU_UTIL=100",
+        "--", *SLEEP,
+    )  # fmt: skip
     try:
         _wait(admin_env, job_id, {"R"})
         deadline = time.monotonic() + 30

@@ -1,0 +1,829 @@
+"""The head's embedded time-series store: GPU telemetry and training progress, on the head's
+own database (SQLite or PostgreSQL), written by its own thread with its own connections.
+
+Storage (db.py `telemetry_chunks`): one row per node and time range holding packed numpy
+arrays (head/tsblocks.py), never one row per sample. Batches from agents are buffered in
+memory per node and flushed every `flush_s` (10 s) as one chunk per node and hour; each
+closed hour is then compacted into one raw chunk plus a chunk of minute rollups, and each
+closed day's minutes into a chunk of hour rollups. Retention (`phalanx head
+--telemetry-raw-days/--telemetry-minute-days/--telemetry-hour-days`: 7, 30, 365 days)
+deletes old chunks in the same background pass, and each job that ended gets its
+efficiency summary (head/jobstats.py) written to `job_stats`, kept forever.
+
+The control thread never waits for any of this: ingest is a queue the request thread fills
+and this thread drains; its transactions are short (one multi-row insert per flush).
+Readers see the buffered samples too, so a job's stats are live before a flush.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, update
+
+from phalanx.api.models import GpuTelemetry, JobProgress
+from phalanx.api.states import TERMINAL_JOB_STATES
+from phalanx.api.telemetry import GpuSeries, JobStats, Resolution, TelemetryBatch
+from phalanx.head import db
+from phalanx.head.jobstats import (
+    JobFacts,
+    ProgressRow,
+    compute,
+    raw_series,
+    rollup_series,
+)
+from phalanx.head.mirror import Settings
+from phalanx.head.telemetry import GpuSamples
+from phalanx.head.tsblocks import (
+    RawBlock,
+    RollupBlock,
+    concat,
+    pack_raw,
+    pack_rollup,
+    rollup,
+    rollup_of_rollup,
+    unpack_raw,
+    unpack_rollup,
+)
+
+log = logging.getLogger(__name__)
+
+RAW, MINUTE, HOUR = 0, 1, 2
+HOUR_S, DAY_S = 3600.0, 86400.0
+_T = db.telemetry_chunks
+
+
+def retention(settings: Settings) -> Retention:
+    """The retention `phalanx head --telemetry-*-days` asked for."""
+    return Retention(
+        settings.telemetry_raw_days * DAY_S,
+        settings.telemetry_minute_days * DAY_S,
+        settings.telemetry_hour_days * DAY_S,
+    )
+
+
+class Overloaded(RuntimeError):
+    """The ingest queue is full: the agent should retry later."""
+
+
+@dataclass(frozen=True)
+class Retention:
+    raw_s: float = 7 * DAY_S
+    minute_s: float = 30 * DAY_S
+    hour_s: float = 365 * DAY_S
+
+
+@dataclass
+class _Ingest:
+    batch: TelemetryBatch
+    received: float  # head clock
+
+
+@dataclass
+class _Progress:
+    job_id: int
+    report: JobProgress
+    time: float  # head clock
+
+
+@dataclass
+class Counters:
+    batches: int = 0
+    samples: int = 0
+    dropped_by_agents: int = 0  # samples agents reported dropped
+    stale: int = 0  # samples older than what the node already sent (resent)
+    refused_busy: int = 0  # batches refused with 503 (queue full)
+    flushes: int = 0
+    chunks_written: int = 0
+    summaries: int = 0
+    errors: int = 0
+    by_node_dropped: dict[str, int] = field(default_factory=dict)
+
+
+class TelemetryStore:
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Callable[[], float],
+        samples: GpuSamples,
+        retention: Retention | None = None,
+        *,
+        flush_s: float = 10.0,
+        maintain_s: float = 5.0,
+        settle_s: float = 12.0,
+        queue_max: int = 4096,
+        progress_every_s: float = 5.0,
+    ) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.samples = samples
+        self.retention = retention or Retention()
+        self.flush_s = flush_s
+        self.maintain_s = maintain_s
+        self.settle_s = settle_s  # an ended job's summary waits this long for its samples
+        self.progress_every_s = progress_every_s
+        self.counters = Counters()
+        self._queue: queue.Queue[_Ingest | _Progress] = queue.Queue(queue_max)
+        self._lock = threading.Lock()  # the buffers below (readers copy them)
+        self._pending: dict[str, list[RawBlock]] = {}
+        self._flushing: dict[str, list[RawBlock]] = {}
+        self._last_time: dict[str, float] = {}  # per node: the newest sample taken
+        self._job_nodes: dict[tuple[int, int, str], list[float]] = {}  # dirty: first, last
+        self._known_job_nodes: set[tuple[int, int, str]] = set()
+        self._progress_rows: list[dict[str, object]] = []
+        self._progress_last: dict[int, float] = {}
+        self._watermark: float | None = None  # hours before this are compacted
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.leader: Callable[[], bool] = lambda: True  # False: a standby (writes nothing)
+
+    # ------------------------------------------------------------------ ingest side
+    def submit(self, batch: TelemetryBatch) -> None:
+        """Queue a batch from a node's agent (the request thread); raises Overloaded."""
+        try:
+            self._queue.put_nowait(_Ingest(batch, self.clock()))
+        except queue.Full:
+            self.counters.refused_busy += 1
+            raise Overloaded("telemetry ingest is behind; retry shortly") from None
+
+    def progress(self, job_id: int, report: JobProgress) -> None:
+        """Keep a training progress report in the job's history (rank 0's, one per
+        `progress_every_s`); dropped when the queue is full (it is history, not state)."""
+        if report.rank != 0:
+            return
+        now = self.clock()
+        if now - self._progress_last.get(job_id, -math.inf) < self.progress_every_s:
+            return
+        self._progress_last[job_id] = now
+        if len(self._progress_last) > 100_000:
+            self._progress_last.clear()
+        try:
+            self._queue.put_nowait(_Progress(job_id, report, now))
+        except queue.Full:
+            self.counters.refused_busy += 1
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="telemetry", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        try:
+            self.drain()
+            self.flush()
+        except Exception:
+            log.exception("flushing telemetry at shutdown failed")
+
+    def _loop(self) -> None:
+        next_flush = time.monotonic() + self.flush_s
+        next_maint = time.monotonic() + self.maintain_s
+        while not self._stop.is_set():
+            try:
+                self.drain(timeout=0.2)
+                mono = time.monotonic()
+                if mono >= next_flush:
+                    next_flush = mono + self.flush_s
+                    self.flush()
+                if mono >= next_maint:
+                    next_maint = mono + self.maintain_s
+                    self.maintain(self.clock())
+            except Exception:  # the store must outlive a bad batch or a database hiccup
+                self.counters.errors += 1
+                log.exception("telemetry store pass failed")
+                self._stop.wait(1.0)
+
+    def drain(self, timeout: float = 0.0) -> int:
+        """Ingest what is queued (waiting up to `timeout` for the first item)."""
+        n = 0
+        try:
+            item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+        except queue.Empty:
+            return 0
+        while True:
+            if isinstance(item, _Ingest):
+                self._ingest(item.batch, item.received)
+            else:
+                self._keep_progress(item)
+            n += 1
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return n
+
+    def _keep_progress(self, p: _Progress) -> None:
+        r = p.report
+        with self._lock:
+            self._progress_rows.append(
+                {
+                    "job_id": p.job_id,
+                    "time": p.time,
+                    "step": r.step,
+                    "loss": r.loss,
+                    "tokens_per_s": r.tokens_per_s,
+                    "mfu": r.mfu,
+                }
+            )
+
+    def _ingest(self, b: TelemetryBatch, received: float) -> None:
+        node = b.node
+        c = self.counters
+        c.batches += 1
+        if b.dropped:
+            c.dropped_by_agents += b.dropped
+            c.by_node_dropped[node] = c.by_node_dropped.get(node, 0) + b.dropped
+        g, n = len(b.gpus), len(b.times)
+        if not n:
+            return
+        times = np.asarray(b.times, dtype=np.float64) + (received - b.sent_at)
+
+        def grid(values: list[float | None] | list[int | None]) -> npt.NDArray[Any]:
+            return np.asarray(values, dtype=np.float64).reshape(n, g).T.copy()
+
+        jobs = np.nan_to_num(grid(b.job_id)).astype(np.int32)
+        epochs = np.nan_to_num(grid(b.epoch), nan=-1).astype(np.int32)
+        usage = b.jobs
+        block = RawBlock(
+            times,
+            np.asarray(b.gpus, dtype=np.int32),
+            grid(b.utilization_pct),
+            grid(b.memory_used_mb),
+            grid(b.power_w),
+            grid(b.temperature_c),
+            grid(b.energy_j),
+            jobs,
+            epochs,
+            np.asarray([u.job_id for u in usage], dtype=np.int32),
+            np.asarray([u.epoch for u in usage], dtype=np.int32),
+            np.asarray([u.time for u in usage], dtype=np.float64) + (received - b.sent_at),
+            np.asarray([u.cpu_cores for u in usage], dtype=np.float64),
+            np.asarray([u.cpus for u in usage], dtype=np.int32),
+            np.asarray([u.memory_mb for u in usage], dtype=np.float64),
+        )
+        last = self._last_time.get(node, -math.inf)
+        if times[0] <= last:  # resent after a lost answer, or a clock step back: keep new only
+            fresh = block.window(math.nextafter(last, math.inf), math.inf)
+            c.stale += n - fresh.n
+            block = fresh
+            if not block.n:
+                return
+        self._last_time[node] = float(block.times[-1])
+        c.samples += block.n
+        with self._lock:
+            self._pending.setdefault(node, []).append(block)
+            jobs, epochs = block.job, block.epoch
+            for gi in range(g):
+                for job, epoch in set(zip(jobs[gi].tolist(), epochs[gi].tolist(), strict=True)):
+                    if job:
+                        sel = (jobs[gi] == job) & (epochs[gi] == epoch)
+                        t0, t1 = float(block.times[sel].min()), float(block.times[sel].max())
+                        span = self._job_nodes.setdefault((job, epoch, node), [t0, t1])
+                        span[0], span[1] = min(span[0], t0), max(span[1], t1)
+        self._record_latest(node, block)
+
+    def _record_latest(self, node: str, b: RawBlock) -> None:
+        """Hand each sample to GpuSamples in time order (idle detection, accounting)."""
+        gpus = b.gpus.tolist()
+        cols = [
+            x.T.tolist() for x in (b.util, b.memory, b.temperature, b.power, b.energy)
+        ]  # N×G each
+        jobs = b.job.T.tolist()
+        for k, t in enumerate(b.times.tolist()):
+            u, m, c, p, e = (col[k] for col in cols)
+            readings = [
+                GpuTelemetry.model_construct(
+                    index=gpu,
+                    utilization_pct=_f(u[i]),
+                    memory_used_mb=None if _f(m[i]) is None else int(m[i]),
+                    temperature_c=_f(c[i]),
+                    power_w=_f(p[i]),
+                    energy_j=_f(e[i]),
+                    job_id=jobs[k][i] or None,
+                )
+                for i, gpu in enumerate(gpus)
+            ]
+            self.samples.record(node, readings, t)
+
+    # ------------------------------------------------------------------ writes
+    def flush(self) -> int:
+        """Write the buffered samples, job spans and progress reports (one transaction)."""
+        with self._lock:
+            self._flushing, self._pending = self._pending, {}
+            spans, self._job_nodes = self._job_nodes, {}
+            progress, self._progress_rows = self._progress_rows, []
+        if not (self._flushing or spans or progress):
+            return 0
+        rows = []
+        for node, blocks in self._flushing.items():
+            for merged in concat(blocks):
+                for part in _split_hours(merged):
+                    rows.append(_raw_row(node, part))
+        try:
+            with self.engine.begin() as conn:
+                if rows:
+                    conn.execute(insert(_T), rows)
+                self._write_spans(conn, spans)
+                if progress:
+                    conn.execute(insert(db.job_progress), progress)
+        except Exception:
+            with self._lock:  # keep them for the next flush
+                for node, blocks in self._flushing.items():
+                    self._pending[node] = blocks + self._pending.get(node, [])
+                for key, span in spans.items():
+                    s = self._job_nodes.setdefault(key, span)
+                    s[0], s[1] = min(s[0], span[0]), max(s[1], span[1])
+                self._progress_rows = progress + self._progress_rows
+                self._flushing = {}
+            raise
+        with self._lock:
+            self._flushing = {}
+        self.counters.flushes += 1
+        self.counters.chunks_written += len(rows)
+        return len(rows)
+
+    def _write_spans(
+        self, conn: Connection, spans: dict[tuple[int, int, str], list[float]]
+    ) -> None:
+        jn = db.job_nodes
+        new = []
+        for (job, epoch, node), (t0, t1) in spans.items():
+            key = (job, epoch, node)
+            if key in self._known_job_nodes:
+                conn.execute(
+                    update(jn)
+                    .where(and_(jn.c.job_id == job, jn.c.epoch == epoch, jn.c.node == node))
+                    .values(last=t1)
+                )
+                continue
+            found = conn.execute(
+                select(jn.c.first).where(
+                    and_(jn.c.job_id == job, jn.c.epoch == epoch, jn.c.node == node)
+                )
+            ).first()
+            if found is None:
+                new.append({"job_id": job, "epoch": epoch, "node": node, "first": t0, "last": t1})
+            else:
+                conn.execute(
+                    update(jn)
+                    .where(and_(jn.c.job_id == job, jn.c.epoch == epoch, jn.c.node == node))
+                    .values(last=t1)
+                )
+            self._known_job_nodes.add(key)
+        if new:
+            conn.execute(insert(jn), new)
+        if len(self._known_job_nodes) > 200_000:
+            self._known_job_nodes.clear()
+
+    def maintain(self, now: float) -> None:
+        """Compact and roll up closed hours and days, apply retention, write the summaries
+        of jobs that ended."""
+        if not self.leader():
+            return
+        self._compact_hours(now)
+        self._rollup_days(now)
+        self._expire(now)
+        self._summarise(now)
+
+    def _compact_hours(self, now: float) -> None:
+        closed = math.floor((now - 2 * self.flush_s) / HOUR_S) * HOUR_S  # hours before it
+        since = self._watermark if self._watermark is not None else now - self.retention.raw_s
+        with self.engine.connect() as conn:
+            raw = conn.execute(
+                select(_T.c.node, _T.c.start).where(
+                    and_(_T.c.level == RAW, _T.c.end >= since, _T.c.start < closed)
+                )
+            ).all()
+            done = {
+                (r.node, r.start)
+                for r in conn.execute(
+                    select(_T.c.node, _T.c.start).where(
+                        and_(
+                            _T.c.level == MINUTE, _T.c.start >= math.floor(since / HOUR_S) * HOUR_S
+                        )
+                    )
+                )
+            }
+        count: dict[tuple[str, float], int] = {}
+        for r in raw:
+            key = (r.node, math.floor(r.start / HOUR_S) * HOUR_S)
+            count[key] = count.get(key, 0) + 1
+        for (node, hour), n in sorted(count.items(), key=lambda kv: kv[0][1]):
+            if n > 1 or (node, hour) not in done:
+                self._compact(node, hour)
+        self._watermark = closed
+
+    def _compact(self, node: str, hour: float) -> None:
+        """One raw chunk and one minute-rollup chunk for (node, hour)."""
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                select(_T.c.id, _T.c.data).where(
+                    and_(
+                        _T.c.level == RAW,
+                        _T.c.node == node,
+                        _T.c.start >= hour,
+                        _T.c.start < hour + HOUR_S,
+                    )
+                )
+            ).all()
+            if not rows:
+                return
+            blocks = concat([unpack_raw(r.data) for r in rows])
+            blocks = [_dedupe(b) for b in blocks]
+            conn.execute(delete(_T).where(_T.c.id.in_([r.id for r in rows])))
+            conn.execute(insert(_T), [_raw_row(node, b) for b in blocks if b.n])
+            conn.execute(
+                delete(_T).where(and_(_T.c.level == MINUTE, _T.c.node == node, _T.c.start == hour))
+            )
+            prev = conn.execute(
+                select(_T.c.data)
+                .where(
+                    and_(
+                        _T.c.level == RAW,
+                        _T.c.node == node,
+                        _T.c.start >= hour - HOUR_S,
+                        _T.c.start < hour,
+                    )
+                )
+                .order_by(_T.c.start.desc())
+                .limit(1)
+            ).first()
+            last = unpack_raw(prev.data) if prev is not None else None
+            ups = [rollup(b, 60.0, _energy_before(last, b, hour - 300.0)) for b in blocks if b.n]
+            conn.execute(insert(_T), [_rollup_row(node, r, MINUTE, hour, HOUR_S) for r in ups])
+
+    def _rollup_days(self, now: float) -> None:
+        """Hour rollups of each closed day from its minute rollups (redone when late
+        samples changed the day's minutes)."""
+        closed = math.floor((now - HOUR_S - 2 * self.flush_s) / DAY_S) * DAY_S
+        since = closed - 2 * DAY_S
+        with self.engine.connect() as conn:
+            minutes = conn.execute(
+                select(_T.c.node, _T.c.start, _T.c.samples).where(
+                    and_(_T.c.level == MINUTE, _T.c.start >= since, _T.c.start < closed)
+                )
+            ).all()
+            hours = {
+                (r.node, r.start): r.samples
+                for r in conn.execute(
+                    select(_T.c.node, _T.c.start, _T.c.samples).where(
+                        and_(_T.c.level == HOUR, _T.c.start >= since)
+                    )
+                )
+            }
+        total: dict[tuple[str, float], int] = {}
+        for r in minutes:
+            key = (r.node, math.floor(r.start / DAY_S) * DAY_S)
+            total[key] = total.get(key, 0) + r.samples
+        for (node, day), n in total.items():
+            if hours.get((node, day)) != n:
+                self._rollup_day(node, day)
+
+    def _rollup_day(self, node: str, day: float) -> None:
+        with self.engine.begin() as conn:
+            rows = conn.execute(
+                select(_T.c.data).where(
+                    and_(
+                        _T.c.level == MINUTE,
+                        _T.c.node == node,
+                        _T.c.start >= day,
+                        _T.c.start < day + DAY_S,
+                    )
+                )
+            ).all()
+            conn.execute(
+                delete(_T).where(and_(_T.c.level == HOUR, _T.c.node == node, _T.c.start == day))
+            )
+            by_shape: dict[tuple[int, ...], list[RollupBlock]] = {}
+            for r in rows:
+                m = unpack_rollup(r.data)
+                by_shape.setdefault(tuple(m.gpus.tolist()), []).append(m)
+            out = []
+            for parts in by_shape.values():
+                merged = _merge_rollups(parts)
+                out.append(_rollup_row(node, rollup_of_rollup(merged, HOUR_S), HOUR, day, DAY_S))
+            if out:
+                conn.execute(insert(_T), out)
+
+    def _expire(self, now: float) -> None:
+        r = self.retention
+        with self.engine.begin() as conn:
+            for level, keep in ((RAW, r.raw_s), (MINUTE, r.minute_s), (HOUR, r.hour_s)):
+                conn.execute(delete(_T).where(and_(_T.c.level == level, _T.c.end < now - keep)))
+            conn.execute(delete(db.job_progress).where(db.job_progress.c.time < now - r.minute_s))
+            conn.execute(delete(db.job_nodes).where(db.job_nodes.c.last < now - r.hour_s))
+
+    def _summarise(self, now: float) -> None:
+        """The final summary of each job with telemetry that ended `settle_s` ago."""
+        jn, jobs, js = db.job_nodes, db.jobs, db.job_stats
+        with self.engine.connect() as conn:
+            ids = [
+                row.job_id
+                for row in conn.execute(
+                    select(jn.c.job_id)
+                    .distinct()
+                    .join(jobs, jobs.c.id == jn.c.job_id)
+                    .outerjoin(js, js.c.job_id == jn.c.job_id)
+                    .where(
+                        and_(
+                            js.c.job_id.is_(None),
+                            jobs.c.end_time.is_not(None),
+                            jobs.c.end_time <= now - self.settle_s,
+                            jobs.c.state.in_(sorted(TERMINAL_JOB_STATES)),
+                        )
+                    )
+                    .limit(500)
+                )
+            ]
+        for job_id in ids:
+            facts = self.facts(job_id, now)
+            if facts is None:
+                continue
+            stats = self.stats(facts)
+            summary = stats.model_copy(update={"per_gpu": [], "util_series": []})
+            with self.engine.begin() as conn:
+                conn.execute(
+                    insert(js),
+                    [{"job_id": job_id, "time": now, "summary_json": summary.model_dump_json()}],
+                )
+            self.counters.summaries += 1
+
+    # ------------------------------------------------------------------ reads
+    def facts(self, job_id: int, now: float) -> JobFacts | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(db.jobs.c.state, db.jobs.c.start_time, db.jobs.c.end_time).where(
+                    db.jobs.c.id == job_id
+                )
+            ).first()
+        if row is None:
+            return None
+        ended = row.state in TERMINAL_JOB_STATES and row.end_time is not None
+        final = ended and now >= row.end_time + self.settle_s
+        return JobFacts(job_id, row.state, final, row.start_time, row.end_time, now)
+
+    def stats(self, facts: JobFacts) -> JobStats:
+        """The job's stats from its samples (no series)."""
+        spans = self.job_spans(facts.job_id)
+        blocks = {node: self.raw(node, t0 - 1.0, t1 + 1.0) for node, (t0, t1) in spans.items()}
+        return compute(facts, blocks, self.memory_totals(spans), self.progress_rows(facts.job_id))
+
+    def summary(self, job_id: int) -> JobStats | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(db.job_stats.c.summary_json).where(db.job_stats.c.job_id == job_id)
+            ).first()
+        return None if row is None else JobStats.model_validate_json(row.summary_json)
+
+    def job_spans(self, job_id: int) -> dict[str, tuple[float, float]]:
+        """node → (first, last) sample time of the job there, over all its epochs."""
+        out: dict[str, tuple[float, float]] = {}
+        jn = db.job_nodes
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(jn.c.node, jn.c.first, jn.c.last).where(jn.c.job_id == job_id)
+            ).all()
+        spans = [(r.node, r.first, r.last) for r in rows]
+        with self._lock:
+            spans += [(n, s[0], s[1]) for (j, _e, n), s in self._job_nodes.items() if j == job_id]
+        for node, t0, t1 in spans:
+            a, b = out.get(node, (t0, t1))
+            out[node] = (min(a, t0), max(b, t1))
+        return out
+
+    def memory_totals(self, spans: Iterable[str]) -> dict[tuple[str, int], int]:
+        names = list(spans)
+        if not names:
+            return {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(db.nodes.c.name, db.nodes.c.gpus_json).where(db.nodes.c.name.in_(names))
+            ).all()
+        out = {}
+        for r in rows:
+            try:
+                for g in json.loads(r.gpus_json):
+                    out[(r.name, int(g["index"]))] = int(g["memory_mb"])
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
+
+    def raw(self, node: str, t0: float, t1: float) -> list[RawBlock]:
+        """The node's raw samples with t0 ≤ time < t1 (stored and still buffered)."""
+        with self._lock:
+            buffered = [*self._flushing.get(node, []), *self._pending.get(node, [])]
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(_T.c.data).where(
+                    and_(_T.c.level == RAW, _T.c.node == node, _T.c.start < t1, _T.c.end >= t0)
+                )
+            ).all()
+        blocks = [unpack_raw(r.data) for r in rows] + buffered
+        return [_dedupe(b.window(t0, t1)) for b in concat(blocks) if b.n]
+
+    def rollups(self, node: str, level: int, t0: float, t1: float) -> list[RollupBlock]:
+        """Stored rollup blocks (level MINUTE or HOUR) overlapping [t0, t1)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(_T.c.data).where(
+                    and_(_T.c.level == level, _T.c.node == node, _T.c.start < t1, _T.c.end >= t0)
+                )
+            ).all()
+        return [unpack_rollup(r.data) for r in rows]
+
+    def series(
+        self, job_id: int, resolution: Resolution | None = None
+    ) -> tuple[Resolution | None, list[GpuSeries]]:
+        """Each of the job's GPUs' utilisation over time, for the dashboard and jobstats:
+        `raw` (every sample), `minute` or `hour` means; None picks by the job's span and
+        what retention still holds (raw up to 6 hours, minutes up to 7 days, else hours)."""
+        spans = self.job_spans(job_id)
+        if not spans:
+            return None, []
+        t0 = min(a for a, _ in spans.values())
+        t1 = max(b for _, b in spans.values())
+        now = self.clock()
+        if resolution is None:
+            r = self.retention
+            if t1 - t0 <= 6 * HOUR_S and t0 >= now - r.raw_s:
+                resolution = "raw"
+            elif t1 - t0 <= 7 * DAY_S and t0 >= now - r.minute_s:
+                resolution = "minute"
+            else:
+                resolution = "hour"
+        if resolution == "raw":
+            raw = {node: self.raw(node, a - 1.0, b + 1.0) for node, (a, b) in spans.items()}
+            return resolution, raw_series(job_id, raw)
+        level = MINUTE if resolution == "minute" else HOUR
+        ups = {node: self._rollups_at(node, level, a, b + 1.0) for node, (a, b) in spans.items()}
+        return resolution, rollup_series(job_id, ups)
+
+    def _rollups_at(self, node: str, level: int, t0: float, t1: float) -> list[RollupBlock]:
+        """Stored rollups of `level` over [t0, t1), completed from finer data where the
+        coarser is not written yet (the current hour, the current day)."""
+        stored = self.rollups(node, level, t0, t1)
+        span = HOUR_S if level == MINUTE else DAY_S
+        bucket = 60.0 if level == MINUTE else HOUR_S
+        covered = max(
+            (
+                math.floor(float(r.starts.max()) / span) * span + span
+                for r in stored
+                if r.starts.size
+            ),
+            default=t0,
+        )
+        out = list(stored)
+        if level == HOUR:
+            minutes = [m for m in self.rollups(node, MINUTE, covered, t1) if m.starts.size]
+            if minutes:
+                out += [rollup_of_rollup(m, HOUR_S) for m in minutes]
+                covered = max(
+                    math.floor(float(m.starts.max()) / HOUR_S) * HOUR_S + HOUR_S for m in minutes
+                )
+        out += [rollup(b, bucket) for b in self.raw(node, max(covered, t0), t1) if b.n]
+        return out
+
+    def progress_rows(self, job_id: int) -> list[ProgressRow]:
+        p = db.job_progress
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(p.c.time, p.c.step, p.c.loss, p.c.tokens_per_s, p.c.mfu)
+                .where(p.c.job_id == job_id)
+                .order_by(p.c.time)
+                .limit(100_000)
+            ).all()
+        out = [ProgressRow(r.time, r.step, r.loss, r.tokens_per_s, r.mfu) for r in rows]
+        with self._lock:
+            out += [
+                ProgressRow(
+                    float(r["time"]),  # type: ignore[arg-type]  # the dict _keep_progress built
+                    int(r["step"]),  # type: ignore[call-overload]
+                    r["loss"],  # type: ignore[arg-type]
+                    r["tokens_per_s"],  # type: ignore[arg-type]
+                    r["mfu"],  # type: ignore[arg-type]
+                )
+                for r in self._progress_rows
+                if r["job_id"] == job_id
+            ]
+        return out
+
+    def bytes_stored(self) -> dict[int, tuple[int, int]]:
+        """level → (chunks, bytes of packed data): what the store holds (bench, tests)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(_T.c.level, func.count(), func.sum(func.length(_T.c.data))).group_by(
+                    _T.c.level
+                )
+            ).all()
+        return {int(r[0]): (int(r[1]), int(r[2] or 0)) for r in rows}
+
+
+def _energy_before(last: RawBlock | None, b: RawBlock, since: float) -> Any:
+    """Each GPU's energy counter at the previous hour's last sample, when that block has
+    the same GPUs and ends just before `b` (within 5 minutes of the hour); else None."""
+    if last is None or not last.n or not np.array_equal(last.gpus, b.gpus):
+        return None
+    if float(last.times[-1]) < since:
+        return None
+    return last.energy[:, -1]
+
+
+def _f(x: float) -> float | None:
+    return None if x != x else x
+
+
+def _raw_row(node: str, b: RawBlock) -> dict[str, object]:
+    return {
+        "node": node,
+        "level": RAW,
+        "start": float(b.times[0]),
+        "end": float(b.times[-1]),
+        "samples": b.n,
+        "data": pack_raw(b),
+    }
+
+
+def _rollup_row(
+    node: str, r: RollupBlock, level: int, start: float, span: float
+) -> dict[str, object]:
+    return {
+        "node": node,
+        "level": level,
+        "start": start,
+        "end": start + span,
+        "samples": int(r.samples.sum()),
+        "data": pack_rollup(r),
+    }
+
+
+def _split_hours(b: RawBlock) -> list[RawBlock]:
+    """The block cut at hour boundaries: a raw chunk never spans two hours."""
+    if not b.n:
+        return []
+    first = math.floor(float(b.times[0]) / HOUR_S)
+    last = math.floor(float(b.times[-1]) / HOUR_S)
+    if first == last:
+        return [b]
+    return [
+        part for h in range(first, last + 1) if (part := b.window(h * HOUR_S, (h + 1) * HOUR_S)).n
+    ]
+
+
+def _dedupe(b: RawBlock) -> RawBlock:
+    """Samples at distinct times only (a reader may see a block both buffered and stored)."""
+    if b.n < 2 or bool(np.all(np.diff(b.times) > 0)):
+        return b
+    _, keep = np.unique(b.times, return_index=True)
+    sel = np.zeros(b.n, dtype=bool)
+    sel[keep] = True
+    seen: set[tuple[float, int]] = set()
+    u_sel = np.zeros(b.u_time.shape[0], dtype=bool)
+    for i, key in enumerate(zip(b.u_time.tolist(), b.u_job.tolist(), strict=True)):
+        if key not in seen:
+            seen.add(key)
+            u_sel[i] = True
+    return RawBlock(
+        b.times[sel],
+        b.gpus,
+        b.util[:, sel],
+        b.memory[:, sel],
+        b.power[:, sel],
+        b.temperature[:, sel],
+        b.energy[:, sel],
+        b.job[:, sel],
+        b.epoch[:, sel],
+        b.u_job[u_sel],
+        b.u_epoch[u_sel],
+        b.u_time[u_sel],
+        b.u_cores[u_sel],
+        b.u_cpus[u_sel],
+        b.u_memory[u_sel],
+    )
+
+
+def _merge_rollups(parts: list[RollupBlock]) -> RollupBlock:
+    parts = sorted(parts, key=lambda r: float(r.starts[0]) if r.starts.size else 0.0)
+    first = parts[0]
+    return RollupBlock(
+        first.bucket_s,
+        np.concatenate([p.starts for p in parts]),
+        first.gpus,
+        np.concatenate([p.mean_util for p in parts], axis=1),
+        np.concatenate([p.max_util for p in parts], axis=1),
+        np.concatenate([p.max_memory for p in parts], axis=1),
+        np.concatenate([p.energy for p in parts], axis=1),
+        np.concatenate([p.job for p in parts], axis=1),
+        np.concatenate([p.samples for p in parts], axis=1),
+    )
