@@ -22,6 +22,7 @@ from phalanx.head.mirror import Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord, NodeRecord
 from phalanx.head.scheduling import pending_reason
 from phalanx.head.telemetry import GpuSamples
+from phalanx.head.usage import Usage
 from phalanx.tls import TLSError
 
 
@@ -39,6 +40,7 @@ class Head:
         self.agent_verify: ssl.SSLContext | bool = True
         self.now: Callable[[], float] = control.clock.time  # token expiry, node liveness
         self.samples = GpuSamples()  # each node's latest GPU telemetry (memory only)
+        self.usage = Usage(control, self.samples)  # idle GPUs and accounting (head/usage.py)
         control.on_commit = self._on_commit
         # What agents accept from each other when they ask one another about the head during
         # an outage (docs/fault-tolerance.md#head-outages). Each head has its own; agents
