@@ -105,10 +105,11 @@ class IdleDetector:
                 self._policies[team] = policy
 
     # ------------------------------------------------------------------ allocations
-    def load(self, jobs: Sequence[JobRecord]) -> None:
-        """Every job holding GPUs (the head's mirror at start-up)."""
+    def load(self, jobs: Sequence[JobRecord], now: float) -> None:
+        """Every job holding GPUs (the head's mirror at start-up, at `now`): samples count
+        from now on (what came before was counted by the head that ran then)."""
         for rec in jobs:
-            self.place(rec)
+            self.place(rec, now)
 
     def on_commit(self, tx: Tx) -> None:
         """After a control-thread commit: the jobs that moved hold (or no longer hold)
@@ -116,7 +117,9 @@ class IdleDetector:
         for rec in tx.moved_jobs.values():
             self.place(rec)
 
-    def place(self, rec: JobRecord) -> None:
+    def place(self, rec: JobRecord, counted_to: float | None = None) -> None:
+        """Note where `rec` holds GPUs now (if it does); samples count from its start, or
+        from `counted_to` if later."""
         holds = rec.state.holds_gpus and bool(rec.placement)
         with self._lock:
             current = self._job_gpus.get(rec.id)
@@ -130,7 +133,7 @@ class IdleDetector:
                 self._acted = {a for a in self._acted if a[0] != rec.id}
             if not holds:
                 return
-            since = rec.start_time if rec.start_time is not None else 0.0
+            since = max(rec.start_time or 0.0, counted_to or 0.0)
             alloc = Alloc(rec.id, rec.epoch, rec.user, rec.team, rec.qos, since)
             keys = [(node, i) for node, gpus in rec.placement for i in gpus]
             for key in keys:

@@ -57,7 +57,8 @@ class Usage:
             }
         self.idle.set_policies(policies)
         with self.control.lock:
-            self.idle.load([r for r in self.control.mirror.jobs.values() if r.state.holds_gpus])
+            holding = [r for r in self.control.mirror.jobs.values() if r.state.holds_gpus]
+            self.idle.load(holding, self.clock.time())
         self.rollup.load()
 
     def start(self) -> None:
