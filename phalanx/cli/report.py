@@ -19,6 +19,11 @@ ACTIONS = ("notify", "preempt", "cancel")
 _DAY = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
 _SPAN = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?$")
 _OPTION = {"window_s": "--window", "grace_s": "--grace", "threshold_pct": "--threshold"}
+_PLAIN = [
+    ("Input should be greater than or equal to", "must be at least"),
+    ("Input should be less than or equal to", "must be at most"),
+    ("Input should be", "must be"),
+]
 _UNIT_S = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
@@ -242,7 +247,9 @@ def idle_policy(
             except ValidationError as exc:
                 first = exc.errors()[0]
                 field = str(first.get("loc", ("policy",))[0])
-                message = str(first.get("msg", "invalid")).replace("Input should be", "must be")
+                message = str(first.get("msg", "invalid"))
+                for said, words in _PLAIN:
+                    message = message.replace(said, words)
                 unit = "" if field == "threshold_pct" else " seconds"
                 fail(f"{_OPTION.get(field, field)}: {message}{unit}")
             current = client.set_idle_policy(team, spec)
