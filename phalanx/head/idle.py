@@ -317,8 +317,8 @@ class IdleDetector:
                     "now": f[0].flagged_at,
                     "kind": "gpu_idle",
                     "message": f"GPU {gpus} idle (≤ {p.threshold_pct:g}% utilisation) for "
-                    f"{_duration(f[0].flagged_at - f[0].idle_since)}; team {f[0].team}'s "
-                    f"policy: {then}",
+                    f"{_duration(f[0].flagged_at - f[0].idle_since)}; the idle-GPU policy of "
+                    f"team {f[0].team}: {then}",
                     "job_id": f[0].job_id,
                     "node": f[0].node,
                 }
@@ -359,7 +359,7 @@ class IdleDetector:
         p = flag.policy
         why = (
             f"GPU {gpus} idle for {_duration(p.window_s)} and {_duration(p.grace_s)} of grace "
-            f"(team {flag.team}'s idle-GPU policy)"
+            f"(the idle-GPU policy of team {flag.team})"
         )
         now = tx.now
         tx.event(now, "idle_action", f"{p.action.value}: {why}", rec.id)
