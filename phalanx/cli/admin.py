@@ -9,6 +9,7 @@ import typer
 from phalanx.cli import retire
 from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
 from phalanx.cli.output import console, fail, print_json
+from phalanx.cli.report import idle_policy
 from phalanx.cli.tokens import join_app, token_app
 
 admin = typer.Typer(
@@ -28,6 +29,7 @@ user_app.command("disable")(retire.user_disable)
 user_app.command("enable")(retire.user_enable)
 user_app.command("delete")(retire.user_delete)
 team_app.command("delete")(retire.team_delete)
+team_app.command("idle-policy")(idle_policy)
 node_app.command("remove")(retire.node_remove)
 admin.command("recover")(retire.recover)
 

@@ -17,6 +17,7 @@ from phalanx.cli.jobstats import jobstats
 from phalanx.cli.local import local_app
 from phalanx.cli.logs import logs
 from phalanx.cli.nodes import drain, nodes, resume
+from phalanx.cli.report import idle, report
 from phalanx.cli.services import agent, head, up
 from phalanx.cli.submit import SubmitCommand, submit
 from phalanx.cli.tokens import token_app
@@ -74,6 +75,8 @@ app.command("history")(history)
 app.command("logs")(logs)
 app.command("priority")(priority)
 app.command("share")(share)
+app.command("report")(report)
+app.command("idle")(idle)
 app.command("exec", cls=DashCommand)(exec_command)
 app.command("attach")(attach)
 app.command("nodes")(nodes)

@@ -50,6 +50,13 @@ from phalanx.api.models import (
     WhoAmI,
 )
 from phalanx.api.telemetry import JobStats
+from phalanx.api.usage import (
+    IdleGpuList,
+    IdlePolicyInfo,
+    IdlePolicyList,
+    IdlePolicySpec,
+    UsageReport,
+)
 from phalanx.tls import CA_FILE_ENV, TLSError, client_context
 
 log = logging.getLogger("phalanx.client")
@@ -558,6 +565,30 @@ class PhalanxClient:
     def set_team(self, team: TeamSpec) -> TeamInfo:
         """Create or update a team (admin)."""
         return self._call(TeamInfo, "PUT", f"/v1/teams/{team.name}", body=team)
+
+    # ------------------------------------------------------------------ usage
+    def usage_report(self, params: Params, csv: bool = False) -> UsageReport | str:
+        """`GET /v1/reports/usage` (`params`: by, per, since, until); the CSV text if
+        `csv`."""
+        if csv:
+            query = {**params, "format": "csv"}
+            return self._request("GET", "/v1/reports/usage", params=query).text
+        return self._call(UsageReport, "GET", "/v1/reports/usage", params=params)
+
+    def idle_gpus(self, job: int | None = None) -> IdleGpuList:
+        """GPUs flagged idle (of one job, or every one the token may see)."""
+        path = "/v1/idle-gpus" if job is None else f"/v1/jobs/{job}/idle-gpus"
+        return self._call(IdleGpuList, "GET", path)
+
+    def idle_policies(self) -> IdlePolicyList:
+        return self._call(IdlePolicyList, "GET", "/v1/idle-policies")
+
+    def set_idle_policy(self, team: str, policy: IdlePolicySpec | None) -> IdlePolicyInfo:
+        """Set a team's idle-GPU policy (None: back to the default) (admin)."""
+        path = f"/v1/teams/{quote(team, safe='')}/idle-policy"
+        if policy is None:
+            return self._call(IdlePolicyInfo, "DELETE", path)
+        return self._call(IdlePolicyInfo, "PUT", path, body=policy)
 
 
 def _force(force: bool) -> dict[str, str] | None:

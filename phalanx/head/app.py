@@ -29,7 +29,7 @@ from phalanx.api.asgi import (
 )
 from phalanx.api.asgi import bearer_token as _bearer_of
 from phalanx.api.asgi import json_error as _json
-from phalanx.head import admin, execproxy, jobcontrol, jobs, telemetry_api
+from phalanx.head import admin, execproxy, jobcontrol, jobs, telemetry_api, usage_routes
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
@@ -297,6 +297,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         description="Control plane of a Phalanx GPU cluster. Send `Authorization: Bearer TOKEN`.",
     )
     app.state.head = head
+    app.include_router(usage_routes.router)  # idle GPUs, idle policies, usage reports
 
     keys = jobs.SubmitKeys()  # idempotency keys of live jobs (the control thread's)
     app.add_middleware(BodyLimit)

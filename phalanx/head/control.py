@@ -68,6 +68,9 @@ class ControlThread:
         # After a commit that moved jobs or nodes (job notifications): called on this
         # thread with the committed Tx; it must not block, and what it raises is logged.
         self.on_moves: Callable[[Tx], None] | None = None
+        # Also after such a commit, each in turn, the same way (head/usage.py: which job
+        # holds which GPU).
+        self.move_watchers: list[Callable[[Tx], None]] = []
         self.cycles = 0
         self._pauses = timed.PauseWatch(settings, self.clock.monotonic())
         # Unexpected exceptions in operations or cycles that were rolled back and survived.
@@ -261,11 +264,13 @@ class ControlThread:
         _resolve(results)
         if tx.touched_nodes:
             self.on_commit(tx.touched_nodes)
-        if tx.moves and self.on_moves is not None:
-            try:
-                self.on_moves(tx)
-            except Exception:  # committed and answered already: a hook's bug loses only itself
-                log.exception("control loop: the after-commit hook failed; carrying on")
+        if tx.moves:
+            hooks = [self.on_moves] if self.on_moves is not None else []
+            for hook in [*hooks, *self.move_watchers]:
+                try:
+                    hook(tx)
+                except Exception:  # committed and answered: a hook's bug loses only itself
+                    log.exception("control loop: an after-commit hook failed; carrying on")
         return False, None
 
     def _reload(self) -> None:

@@ -208,6 +208,58 @@ job_stats = Table(
 )
 
 
+# Usage accounting and idle-GPU policy (head/usage.py, migration 0010): one row per UTC day,
+# user, team and QOS, kept up to date as jobs run and GPUs report; reports read only these.
+usage_daily = Table(
+    "usage_daily",
+    metadata,
+    Column("day", String(10), primary_key=True),  # YYYY-MM-DD, UTC
+    Column("user", String(128), primary_key=True),
+    Column("team", String(128), primary_key=True),
+    Column("qos", String(128), primary_key=True),
+    Column("alloc_gpu_s", Float, nullable=False, default=0.0),  # GPUs × seconds held
+    Column("util_gpu_s", Float, nullable=False, default=0.0),  # ∑ utilisation/100 × seconds
+    Column("idle_gpu_s", Float, nullable=False, default=0.0),  # seconds flagged idle
+    Column("jobs", Integer, nullable=False, default=0),  # jobs that ended that day
+    Column("failures", Integer, nullable=False, default=0),  # … as F, NF, OOM or TO
+    Column("preemptions", Integer, nullable=False, default=0),
+)
+Index("ix_usage_daily_team", usage_daily.c.team, usage_daily.c.day)
+
+# Allocations the rollup has counted up to `usage_cursor.accounted_to` and that still run.
+usage_open = Table(
+    "usage_open",
+    metadata,
+    Column("job_id", Integer, primary_key=True, autoincrement=False),
+    Column("epoch", Integer, nullable=False),
+    Column("gpus", Integer, nullable=False),
+    Column("user", String(128), nullable=False),
+    Column("team", String(128), nullable=False),
+    Column("qos", String(128), nullable=False),
+)
+
+# One row (id 1): the last job event the rollup applied and the time it counted up to.
+usage_cursor = Table(
+    "usage_cursor",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("last_event_id", Integer, nullable=False),
+    Column("accounted_to", Float, nullable=False),
+)
+
+# A team's idle-GPU policy (none: the default, notify after 30 minutes).
+idle_policies = Table(
+    "idle_policies",
+    metadata,
+    Column("team", String(128), primary_key=True),
+    Column("action", String(8), nullable=False),  # notify | preempt | cancel
+    Column("window_s", Float, nullable=False),
+    Column("grace_s", Float, nullable=False),
+    Column("threshold_pct", Float, nullable=False),
+    Column("updated", Float, nullable=False),
+)
+
+
 def default_url(state_dir: Path) -> str:
     return f"sqlite:///{state_dir / 'phalanx.db'}"
 

@@ -282,18 +282,22 @@ def notify(
     tx.event(now, "signal", f"{signal}: {reason}", rec.id)
 
 
-def preempt(mirror: Mirror, tx: Tx, rec: JobRecord, for_job: int, now: float) -> None:
+def preempt(
+    mirror: Mirror, tx: Tx, rec: JobRecord, for_job: int, now: float, *, why: str | None = None
+) -> None:
     """Cooperative preemption: a notice first; the job may checkpoint and exit (any exit
-    then requeues it); past the deadline it is stopped (SIGTERM, then SIGKILL)."""
+    then requeues it); past the deadline it is stopped (SIGTERM, then SIGKILL). `why`:
+    the reason when it is not to make room for job `for_job` (the idle-GPU policy)."""
     if rec.stopping is not None or rec.state is not JobState.RUNNING:
         return
     grace = rec.spec.preempt_grace_s
     grace_s = mirror.settings.preempt_grace_s if grace is None else float(grace)
+    cause = why or f"preempted for job {for_job}"
     if grace_s <= 0:
-        begin_stop(mirror, tx, rec, "preempt", None, f"preempted for job {for_job}", now)
+        begin_stop(mirror, tx, rec, "preempt", None, cause, now)
         return
     rec.notice_deadline = now + grace_s
-    why = f"preempted for job {for_job}: checkpoint and exit within {grace_s:g} s"
+    why = f"{cause}: checkpoint and exit within {grace_s:g} s"
     move(tx, rec, JobState.PREEMPTED, "preempting", why, now)
     notify(mirror, tx, rec, rec.spec.preempt_signal, why, now)
 

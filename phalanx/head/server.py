@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
@@ -198,6 +199,8 @@ def serve(
     finally:
         if role.leader:
             head.control.stop()
+            with contextlib.suppress(Exception):  # logged; the database is away
+                head.usage.stop()
         if election is not None:
             election.close()  # after the last commit: a standby may take over now
     if not server.started:
@@ -240,6 +243,7 @@ def _tune_gc() -> None:
 def _lead(head: Head, state_dir: Path, role: leader.Role, election: leader.Election | None) -> None:
     _take_over(head, state_dir)
     head.control.start()
+    head.usage.start()
     if election is not None:
         election.watch()
     role.leader = True

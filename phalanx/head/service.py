@@ -23,6 +23,7 @@ from phalanx.head.records import QOS_PRIORITY, JobRecord, NodeRecord
 from phalanx.head.scheduling import pending_reason
 from phalanx.head.telemetry import GpuSamples
 from phalanx.head.tsdb import TelemetryStore, retention
+from phalanx.head.usage import Usage
 from phalanx.tls import TLSError
 
 
@@ -43,6 +44,7 @@ class Head:
         self.tsdb = TelemetryStore(
             control.engine, control.clock.time, self.samples, retention(control.mirror.settings)
         )  # GPU telemetry and progress history, stored off the control thread (head/tsdb.py)
+        self.usage = Usage(control, self.samples)  # idle GPUs and accounting (head/usage.py)
         control.on_commit = self._on_commit
         # What agents accept from each other when they ask one another about the head during
         # an outage (docs/fault-tolerance.md#head-outages). Each head has its own; agents

@@ -7,10 +7,16 @@ telemetry is stored off the writer's path). Readers get copies under a lock.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from phalanx.api.models import GpuInfo, GpuTelemetry, JobGpu
+
+log = logging.getLogger("phalanx.head")
+# Called with every sample recorded: (node, its GPUs' readings, the time they were taken).
+Subscriber = Callable[[str, Sequence[GpuTelemetry], float], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +31,13 @@ class GpuSamples:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._latest: dict[str, Reading] = {}
+        self._subscribers: list[Subscriber] = []
+
+    def subscribe(self, callback: Subscriber) -> None:
+        """Have `callback(node, gpus, t)` called with every sample recorded from now on, in
+        the recording thread, after the reading is stored; it must be quick, and what it
+        raises is logged, never passed to the recorder."""
+        self._subscribers.append(callback)
 
     def record(self, node: str, gpus: list[GpuTelemetry], now: float) -> None:
         """One sample of a node's GPUs taken at `now` (the head's clock). The telemetry
@@ -32,6 +45,13 @@ class GpuSamples:
         node: the stream idle detection and accounting follow. An empty list (the agent
         failed to read its GPUs) keeps the last reading, which ages."""
         self.observe(node, gpus, now)
+        if not gpus:
+            return
+        for callback in self._subscribers:
+            try:
+                callback(node, gpus, now)
+            except Exception:
+                log.exception("GPU samples: a subscriber failed on %s's sample", node)
 
     def observe(self, node: str, gpus: list[GpuTelemetry], now: float) -> None:
         """A node's latest reading as its heartbeat carried it: updates what `latest`
