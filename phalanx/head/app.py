@@ -29,7 +29,7 @@ from phalanx.api.asgi import (
 )
 from phalanx.api.asgi import bearer_token as _bearer_of
 from phalanx.api.asgi import json_error as _json
-from phalanx.head import admin, execproxy, jobcontrol, jobs
+from phalanx.head import admin, execproxy, jobcontrol, jobs, metricsapi
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
@@ -644,6 +644,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     async def heartbeat(body: m.Heartbeat, who: Who) -> m.DesiredState:
         return await head.heartbeat(who, body)
 
+    app.include_router(metricsapi.router(principal))  # /metrics, /v1/metrics/*
     return ApiVersion(StandbyGate(FastSubmit(app, head, keys), role), "head")
 
 

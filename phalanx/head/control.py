@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -68,6 +69,8 @@ class ControlThread:
         # After a commit that moved jobs or nodes (job notifications): called on this
         # thread with the committed Tx; it must not block, and what it raises is logged.
         self.on_moves: Callable[[Tx], None] | None = None
+        # After every commit, on this thread, with the committed Tx (metrics); same rules.
+        self.on_committed: list[Callable[[Tx], None]] = []
         self.cycles = 0
         self._pauses = timed.PauseWatch(settings, self.clock.monotonic())
         # Unexpected exceptions in operations or cycles that were rolled back and survived.
@@ -227,7 +230,9 @@ class ControlThread:
                     mono = self.clock.monotonic()
                     due = mono >= self._last_cycle + CYCLE_MIN_INTERVAL_S
                     if tick or (self._kicked and due):
+                        began = time.perf_counter()
                         scheduling.cycle(self.mirror, tx, now)
+                        tx.cycle_s = time.perf_counter() - began
                         self.cycles += 1
                         self._kicked = False
                         self._last_cycle = mono
@@ -261,6 +266,11 @@ class ControlThread:
         _resolve(results)
         if tx.touched_nodes:
             self.on_commit(tx.touched_nodes)
+        for hook in self.on_committed:
+            try:
+                hook(tx)
+            except Exception:  # committed and answered already: a hook's bug loses only itself
+                log.exception("control loop: an after-commit hook failed; carrying on")
         if tx.moves and self.on_moves is not None:
             try:
                 self.on_moves(tx)

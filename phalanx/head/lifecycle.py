@@ -26,6 +26,7 @@ FINAL_STATE = {
 }
 REQUEUE = ("preempt", "requeue")
 LAUNCH_FAILED = "LaunchFailed: "
+PREEMPTED_FOR = "preempted for job "  # how a preemption's transition reason begins (metrics)
 # A node that failed this many jobs within the window is kept out of the next placement
 # of the job it failed (when enough other nodes exist).
 BLAME_THRESHOLD = 2
@@ -290,10 +291,10 @@ def preempt(mirror: Mirror, tx: Tx, rec: JobRecord, for_job: int, now: float) ->
     grace = rec.spec.preempt_grace_s
     grace_s = mirror.settings.preempt_grace_s if grace is None else float(grace)
     if grace_s <= 0:
-        begin_stop(mirror, tx, rec, "preempt", None, f"preempted for job {for_job}", now)
+        begin_stop(mirror, tx, rec, "preempt", None, f"{PREEMPTED_FOR}{for_job}", now)
         return
     rec.notice_deadline = now + grace_s
-    why = f"preempted for job {for_job}: checkpoint and exit within {grace_s:g} s"
+    why = f"{PREEMPTED_FOR}{for_job}: checkpoint and exit within {grace_s:g} s"
     move(tx, rec, JobState.PREEMPTED, "preempting", why, now)
     notify(mirror, tx, rec, rec.spec.preempt_signal, why, now)
 
