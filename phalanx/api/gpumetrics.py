@@ -29,7 +29,6 @@ class GpuRow:
     memory_used_mb: int | None = None
     temperature_c: float | None = None
     power_w: float | None = None
-    energy_j: float | None = None  # energy used since the agent started (a counter)
     age_s: float | None = None  # how old the reading is (head: since its heartbeat)
     job: int | None = None
     user: str = ""
@@ -43,7 +42,6 @@ SERIES: tuple[tuple[str, str, str], ...] = (
     ("phalanx_gpu_memory_capacity_bytes", "gauge", "GPU framebuffer memory in all"),
     ("phalanx_gpu_temperature_celsius", "gauge", "GPU temperature"),
     ("phalanx_gpu_power_watts", "gauge", "GPU power draw"),
-    ("phalanx_gpu_energy_joules_total", "counter", "GPU energy used since its agent started"),
     ("phalanx_gpu_reading_age_seconds", "gauge", "Age of the GPU's latest reading"),
 )
 NAMES = tuple(name for name, _, _ in SERIES)
@@ -59,7 +57,6 @@ def _values(row: GpuRow) -> tuple[float | None, ...]:
         mem_cap,
         row.temperature_c,
         row.power_w,
-        row.energy_j,
         row.age_s,
     )
 

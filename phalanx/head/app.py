@@ -644,7 +644,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     async def heartbeat(body: m.Heartbeat, who: Who) -> m.DesiredState:
         return await head.heartbeat(who, body)
 
-    app.include_router(metricsapi.router(principal))  # /metrics, /v1/metrics/*
+    app.include_router(metricsapi.router())  # /metrics, /v1/metrics/*
     return ApiVersion(StandbyGate(FastSubmit(app, head, keys), role), "head")
 
 

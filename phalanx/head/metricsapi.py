@@ -13,10 +13,10 @@ scrape-only token opens nothing else: every other route wants a user's API token
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from phalanx.api import gpumetrics
 from phalanx.api import models as m
@@ -46,16 +46,32 @@ def may_scrape(who: Principal) -> bool:
     return who.kind == "metrics" or (who.kind == "api" and who.admin)
 
 
-def router(principal: Callable[..., Awaitable[Principal]]) -> APIRouter:
-    """The routes; `principal` is head/app.py's dependency resolving the bearer token."""
+_bearer = HTTPBearer(auto_error=False)
+
+
+async def principal(
+    request: Request,
+    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """Who calls (head/app.py's dependency of the same name, which imports this module)."""
+    return _head(request).authenticate(creds.credentials if creds else None)
+
+
+Who = Annotated[Principal, Depends(principal)]
+
+
+async def scraper(who: Who) -> Principal:
+    if not may_scrape(who):
+        raise Forbidden("metrics need an admin token or a scrape-only token (--scope metrics)")
+    return who
+
+
+Scraper = Annotated[Principal, Depends(scraper)]
+
+
+def router() -> APIRouter:
+    """The routes, for head/app.py's create_app to include."""
     r = APIRouter()
-
-    async def scraper(who: Annotated[Principal, Depends(principal)]) -> Principal:
-        if not may_scrape(who):
-            raise Forbidden("metrics need an admin token or a scrape-only token (--scope metrics)")
-        return who
-
-    Scraper = Annotated[Principal, Depends(scraper)]
 
     @r.get("/metrics", response_class=Response, responses=PROMETHEUS_TEXT)
     async def metrics(request: Request, who: Scraper) -> Response:
@@ -90,7 +106,7 @@ def router(principal: Callable[..., Awaitable[Principal]]) -> APIRouter:
     @r.post("/v1/metrics/tokens", status_code=201, response_model=m.TokenIssued)
     def create_token(
         request: Request,
-        who: Annotated[Principal, Depends(principal)],
+        who: Who,
         body: MetricsTokenCreate | None = None,
     ) -> m.TokenIssued:
         """Mint a scrape-only token (admins): it reads /metrics and /v1/metrics/gpus."""
