@@ -61,7 +61,7 @@ def gpu_rows(
         rows.append(
             GpuRow(
                 node=node,
-                index=gpu.index,
+                gpu=gpu.index,
                 uuid=gpu.uuid,
                 memory_mb=gpu.memory_mb,
                 utilization_pct=None if t is None else t.utilization_pct,
@@ -90,6 +90,7 @@ def install(
     """Add `GET /metrics` to the agent's API (it must be among the BearerGate's open
     paths: the route checks its own tokens)."""
     accepted = [secret] + ([scrape_token] if scrape_token else [])
+    cache: dict[tuple[object, ...], str] = {}  # label sets between scrapes
 
     def allowed(authorization: str | None) -> None:
         token = bearer_token(authorization)
@@ -103,7 +104,7 @@ def install(
         """This node's per-GPU series (the head's agent secret, or the scrape token)."""
         allowed(authorization)
         rows = await asyncio.to_thread(gpu_rows, node, inventory, gpus, reconciler)
-        return Response(render(rows), media_type=CONTENT_TYPE)
+        return Response(render(rows, cache), media_type=CONTENT_TYPE)
 
 
 async def keep_job_map(

@@ -10,19 +10,20 @@ counters); README.md ("Prometheus metrics") maps them to dcgm-exporter's DCGM_FI
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable
+from typing import NamedTuple
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MIB = 1024 * 1024
+PERCENT = 0.01  # a field in percent: divided by 100
 
 
-@dataclass(frozen=True, slots=True)
-class GpuRow:
-    """One GPU's latest reading and who holds it (None: not read / not held)."""
+class GpuRow(NamedTuple):
+    """One GPU's latest reading and who holds it (None: not read / not held). A tuple:
+    a scrape builds one per GPU of the cluster."""
 
     node: str
-    index: int
+    gpu: int  # its index on the node
     uuid: str
     memory_mb: int | None = None  # the GPU's capacity
     utilization_pct: float | None = None
@@ -35,30 +36,34 @@ class GpuRow:
     team: str = ""
 
 
-# (name, type, help, how a row gives the value). Order is the exposition's order.
-SERIES: tuple[tuple[str, str, str], ...] = (
-    ("phalanx_gpu_utilization_ratio", "gauge", "GPU busy fraction (0-1) of the last sample"),
-    ("phalanx_gpu_memory_used_bytes", "gauge", "GPU framebuffer memory in use"),
-    ("phalanx_gpu_memory_capacity_bytes", "gauge", "GPU framebuffer memory in all"),
-    ("phalanx_gpu_temperature_celsius", "gauge", "GPU temperature"),
-    ("phalanx_gpu_power_watts", "gauge", "GPU power draw"),
-    ("phalanx_gpu_reading_age_seconds", "gauge", "Age of the GPU's latest reading"),
+# (name, type, help, the row's field, its scale: the value in base units is field × scale).
+SERIES: tuple[tuple[str, str, str, str, int | float], ...] = (
+    (
+        "phalanx_gpu_utilization_ratio",
+        "gauge",
+        "GPU busy fraction (0-1) of the last sample",
+        "utilization_pct",
+        PERCENT,
+    ),
+    (
+        "phalanx_gpu_memory_used_bytes",
+        "gauge",
+        "GPU framebuffer memory in use",
+        "memory_used_mb",
+        MIB,
+    ),
+    (
+        "phalanx_gpu_memory_capacity_bytes",
+        "gauge",
+        "GPU framebuffer memory in all",
+        "memory_mb",
+        MIB,
+    ),
+    ("phalanx_gpu_temperature_celsius", "gauge", "GPU temperature", "temperature_c", 1),
+    ("phalanx_gpu_power_watts", "gauge", "GPU power draw", "power_w", 1),
+    ("phalanx_gpu_reading_age_seconds", "gauge", "Age of the GPU's latest reading", "age_s", 1),
 )
-NAMES = tuple(name for name, _, _ in SERIES)
-
-
-def _values(row: GpuRow) -> tuple[float | None, ...]:
-    mem_used = None if row.memory_used_mb is None else row.memory_used_mb * MIB
-    mem_cap = None if row.memory_mb is None else row.memory_mb * MIB
-    util = None if row.utilization_pct is None else row.utilization_pct / 100.0
-    return (
-        util,
-        mem_used,
-        mem_cap,
-        row.temperature_c,
-        row.power_w,
-        row.age_s,
-    )
+NAMES = tuple(series[0] for series in SERIES)
 
 
 def escape(value: str) -> str:
@@ -69,33 +74,43 @@ def escape(value: str) -> str:
 
 
 def labels(row: GpuRow) -> str:
+    """A GPU's label set, `{node="…",gpu="…",uuid="…",job="…",user="…",team="…"}`."""
     job = "" if row.job is None else str(row.job)
     return (
-        f'{{node="{escape(row.node)}",gpu="{row.index}",uuid="{escape(row.uuid)}",'
+        f'{{node="{escape(row.node)}",gpu="{row.gpu}",uuid="{escape(row.uuid)}",'
         f'job="{job}",user="{escape(row.user)}",team="{escape(row.team)}"}}'
     )
 
 
-def _number(value: float) -> str:
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    return repr(float(value))
-
-
-def render(rows: Iterable[GpuRow], extra: Sequence[str] = ()) -> str:
-    """The exposition of `rows` (every series has HELP and TYPE even with no row), then
-    `extra` lines (already formatted, e.g. a scrape's own gauges)."""
+def render(rows: Iterable[GpuRow], cache: dict[tuple[object, ...], str] | None = None) -> str:
+    """The exposition of `rows`: every series has HELP and TYPE even with no row; a GPU
+    without a reading has no sample of it. Numbers as Python writes them (ints exactly,
+    floats shortest round-trip). `cache`: label sets kept between scrapes, keyed by their
+    parts (one per caller; cleared when it outgrows the rows)."""
     rows = list(rows)
-    label_text = [labels(r) for r in rows]
-    values = [_values(r) for r in rows]
+    if cache is None:
+        label_text = [labels(r) for r in rows]
+    else:  # label sets change only when a job starts or ends on a GPU
+        if len(cache) > 4 * len(rows) + 1024:
+            cache.clear()
+        label_text = []
+        for r in rows:
+            key = (r.node, r.gpu, r.uuid, r.job, r.user, r.team)
+            text = cache.get(key)
+            if text is None:
+                text = cache[key] = labels(r)
+            label_text.append(text)
     out: list[str] = []
-    for i, (name, kind, help_text) in enumerate(SERIES):
+    for name, kind, help_text, field, scale in SERIES:
         out.append(f"# HELP {name} {help_text}.")
         out.append(f"# TYPE {name} {kind}")
-        for lab, vals in zip(label_text, values, strict=True):
-            v = vals[i]
-            if v is not None:
-                out.append(f"{name}{lab} {_number(v)}")
-    out.extend(extra)
+        values = [getattr(r, field) for r in rows]
+        pairs = zip(label_text, values, strict=True)
+        if scale == 1:
+            out.extend(f"{name}{lab} {v!r}" for lab, v in pairs if v is not None)
+        elif scale == PERCENT:
+            out.extend(f"{name}{lab} {v / 100!r}" for lab, v in pairs if v is not None)
+        else:
+            out.extend(f"{name}{lab} {v * scale!r}" for lab, v in pairs if v is not None)
     out.append("")
     return "\n".join(out)

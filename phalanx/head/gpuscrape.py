@@ -58,18 +58,18 @@ def gpu_rows(
             job, user, team = holders.get(gpu.index, (None, "", ""))
             rows.append(
                 GpuRow(
-                    node=name,
-                    index=gpu.index,
-                    uuid=gpu.uuid,
-                    memory_mb=gpu.memory_mb,
-                    utilization_pct=None if sample is None else sample.utilization_pct,
-                    memory_used_mb=None if sample is None else sample.memory_used_mb,
-                    temperature_c=None if sample is None else sample.temperature_c,
-                    power_w=None if sample is None else sample.power_w,
-                    age_s=None if sample is None else age,
-                    job=job,
-                    user=user,
-                    team=team,
+                    name,
+                    gpu.index,
+                    gpu.uuid,
+                    gpu.memory_mb,
+                    None if sample is None else sample.utilization_pct,
+                    None if sample is None else sample.memory_used_mb,
+                    None if sample is None else sample.temperature_c,
+                    None if sample is None else sample.power_w,
+                    None if sample is None else age,
+                    job,
+                    user,
+                    team,
                 )
             )
     return rows

@@ -72,6 +72,7 @@ Scraper = Annotated[Principal, Depends(scraper)]
 def router() -> APIRouter:
     """The routes, for head/app.py's create_app to include."""
     r = APIRouter()
+    labels: dict[tuple[object, ...], str] = {}  # the per-GPU label sets (gpumetrics.render)
 
     @r.get("/metrics", response_class=Response, responses=PROMETHEUS_TEXT)
     async def metrics(request: Request, who: Scraper) -> Response:
@@ -98,7 +99,7 @@ def router() -> APIRouter:
             rows = gpuscrape.gpu_rows(
                 head.mirror, head.control.lock, head.samples, head.now(), shard, of
             )
-            return gpumetrics.render(rows).encode()
+            return gpumetrics.render(rows, labels).encode()
 
         body = await asyncio.to_thread(build)
         return Response(body, media_type=gpumetrics.CONTENT_TYPE)

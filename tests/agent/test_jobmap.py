@@ -90,7 +90,7 @@ def test_an_unusable_mapping_dir_is_a_clear_error(tmp_path: Path) -> None:
 def test_label_values_are_escaped_and_promtool_accepts_them() -> None:
     row = GpuRow(
         node="n1",
-        index=0,
+        gpu=0,
         uuid="GPU-1",
         memory_mb=80,
         utilization_pct=50.0,
@@ -102,7 +102,7 @@ def test_label_values_are_escaped_and_promtool_accepts_them() -> None:
         user='we"ird\\user',
         team="line\nbreak",
     )
-    text = render([row, GpuRow(node="n1", index=1, uuid="GPU-2")])
+    text = render([row, GpuRow(node="n1", gpu=1, uuid="GPU-2")])
     assert 'user="we\\"ird\\\\user"' in text and 'team="line\\nbreak"' in text
     assert 'phalanx_gpu_utilization_ratio{node="n1",gpu="0"' in text
     assert "phalanx_gpu_memory_used_bytes" in text and str(40 * 1024 * 1024) in text
