@@ -5,7 +5,8 @@
 A real head (its control thread, SQLite store and HTTP API under uvicorn, in this process)
 holding `--nodes` nodes × `--gpus` GPUs, each node with a fresh reading of every GPU (as its
 heartbeat leaves them), and `--jobs` live jobs of one GPU each: as many running as there
-are GPUs (~7/8 of them), the rest pending. Over real HTTP, with an admin token:
+are GPUs (~7/8 of them), the rest pending. Over real HTTP from another process (as
+Prometheus scrapes), with an admin token:
 - `GET /metrics` (counters, histograms and the gauges computed from the mirror per scrape);
 - `GET /v1/metrics/gpus`: every GPU, and one of 4 shards (`?shard=0&of=4`);
 - `GET /v1/nodes`, the JSON listing of the same nodes and readings, for scale.
@@ -19,13 +20,14 @@ import argparse
 import json
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import uvicorn
 
 from phalanx.api.models import GpuInfo, GpuTelemetry, JobSpec, RegisterRequest
@@ -34,7 +36,7 @@ from phalanx.head.app import create_app
 from phalanx.head.auth import Principal
 from phalanx.head.control import ControlThread
 from phalanx.head.mirror import Settings, Tx
-from phalanx.head.server import _take_over
+from phalanx.head.server import _take_over, _tune_gc
 from phalanx.head.service import Head
 
 ADMIN = Principal(kind="api", token_id=0, user="admin", admin=True, teams=frozenset({"default"}))
@@ -117,21 +119,38 @@ def populate(head: Head, nodes: int, gpus: int, count: int) -> dict[str, int]:
     return states
 
 
+SCRAPER = """
+import json, sys, time, httpx
+url, token, path, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+times, size = [], 0
+with httpx.Client(base_url=url, headers={"Authorization": "Bearer " + token}) as c:
+    c.get(path).raise_for_status()
+    for _ in range(n):
+        began = time.perf_counter()
+        r = c.get(path)
+        times.append((time.perf_counter() - began) * 1000)
+        r.raise_for_status()
+        size = len(r.content)
+print(json.dumps({"times": times, "size": size}))
+"""
+
+
 def measure(url: str, token: str, path: str, scrapes: int) -> dict[str, Any]:
-    times = []
-    size = 0
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}) as client:
-        client.get(path).raise_for_status()  # warm
-        for _ in range(scrapes):
-            began = time.perf_counter()
-            r = client.get(path)
-            times.append((time.perf_counter() - began) * 1000)
-            r.raise_for_status()
-            size = len(r.content)
+    """`scrapes` sequential GETs from another process, as Prometheus scrapes: the client's
+    reading and parsing does not share the head's interpreter."""
+    done = subprocess.run(
+        [sys.executable, "-c", SCRAPER, url, token, path, str(scrapes)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    result = json.loads(done.stdout)
+    times = result["times"]
     return {
         "p50_ms": round(statistics.median(times), 2),
         "p95_ms": round(percentile(times, 0.95), 2),
-        "bytes": size,
+        "bytes": result["size"],
     }
 
 
@@ -152,6 +171,7 @@ def run(nodes: int, gpus: int, count: int, scrapes: int) -> dict[str, Any]:
             try:
                 began = time.monotonic()
                 states = populate(head, n, gpus, c)
+                _tune_gc()  # as `phalanx head` does once it has loaded (head/server.py)
                 token = (state / "admin.token").read_text().strip()
                 out[label] = {
                     "nodes": n,
