@@ -80,7 +80,11 @@ def populate(head: Head, nodes: int, gpus: int, count: int) -> dict[str, int]:
             ],
             labels={"rack": f"r{n // 32}"},
         )
-        head.control.call(lambda tx, r=req: nodestates.register(head.mirror, tx, r, tx.now))
+
+        def join(tx: Tx, r: RegisterRequest = req) -> None:
+            nodestates.register(head.mirror, tx, r, tx.now)
+
+        head.control.call(join)
     spec = JobSpec(command=["train"], workdir="/work", gpus_per_node=1)
     left = count
     while left:
