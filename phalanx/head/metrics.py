@@ -19,7 +19,13 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -37,6 +43,11 @@ CYCLE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 CHECKPOINT_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
 JOB_STATE_NAMES = {s: s.name.lower() for s in JobState}
 LIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.PREEMPTED, JobState.COMPLETING)
+
+# No `_created` series beside each counter and histogram: they double the head's series
+# for a start time Prometheus does not need (the head's restart resets them all anyway).
+# prometheus_client keeps this setting per process.
+disable_created_metrics()
 
 
 class HeadMetrics:
