@@ -21,7 +21,7 @@ from phalanx import pidlock
 from phalanx.api.models import MAX_CONFINEMENT, RegisterRequest, validation_detail
 from phalanx.tls import TLSError, client_context
 
-from . import adopt, cgroups, fakeload, telemetry
+from . import adopt, cgroups, fakeload, metrics, telemetry
 from .confine import JobConfiner
 from .execrun import ExecManager
 from .gpus import FakeProvider, GpuError, GpuProvider, detect
@@ -30,6 +30,7 @@ from .headlink import HeadLink, HeadSeen, JoinRefused
 from .headlink import _headers as headlink_headers
 from .health import EVENTS_FILE, EventQueue, HealthMonitor, check_problem
 from .identity import sane_env
+from .jobmap import JobMapWriter, expand
 from .processes import ProcessManager
 from .reconcile import LaunchContext, Reconciler
 from .server import create_app
@@ -76,6 +77,10 @@ class AgentConfig:
     max_outage_s: float = 720.0  # keep jobs through a head outage this long (head caps it)
     telemetry_interval_s: float = telemetry.DEFAULT_INTERVAL_S  # GPU and job sampling
     telemetry_ship_s: float = telemetry.DEFAULT_SHIP_S  # batches to the head
+    # dcgm-exporter's --hpc-job-mapping-dir: one file per GPU listing its jobs (`%n`: the
+    # node's name); None: none written.
+    hpc_job_mapping_dir: str | None = None
+    metrics_token_file: Path | None = None  # the token that may scrape /metrics (besides the head)
 
 
 class _Server(uvicorn.Server):
@@ -106,7 +111,7 @@ def run_agent(
         ca_pem = _read_ca(cfg.ca_file)
         with _state_lock(cfg.state_dir):
             asyncio.run(_run(cfg, stop, leave_jobs, ca_pem))
-    except (GpuError, JoinRefused) as e:
+    except (GpuError, JoinRefused, metrics.MetricsTokenError) as e:
         raise AgentError(str(e)) from e
     finally:
         os.umask(umask)
@@ -156,9 +161,11 @@ async def _run(
             ).start()
 
     changed = asyncio.Event()
+    map_changed = asyncio.Event()  # what runs here changed: the job-mapping files follow
 
     def notify(*_: object) -> None:
         loop.call_soon_threadsafe(changed.set)
+        loop.call_soon_threadsafe(map_changed.set)
 
     state_dir = cfg.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -167,6 +174,10 @@ async def _run(
     state_dir.chmod(0o711)
     agent_secret = secrets.token_urlsafe(32)
     keep_out: set[str] = {cfg.token, agent_secret}  # the node token joins once issued
+    scrape_token = None
+    if cfg.metrics_token_file is not None:
+        scrape_token = metrics.read_token(cfg.metrics_token_file)
+        keep_out.add(scrape_token)
     # A job never inherits the agent's environment: a standard PATH and locale, then its
     # user's login variables, its own exported ones and the agent's (env.py).
     ctx = LaunchContext(
@@ -204,6 +215,19 @@ async def _run(
         pids_max=cfg.job_pids_max,
         enabled=cfg.use_cgroups,
     )
+    job_map = None
+    if cfg.hpc_job_mapping_dir is not None:
+        job_map = JobMapWriter(
+            expand(cfg.hpc_job_mapping_dir, cfg.name), [g.index for g in gpus.inventory()]
+        )
+        try:
+            job_map.prepare()
+        except OSError as e:
+            gpus.close()
+            confinement.close()
+            raise AgentError(
+                f"--hpc-job-mapping-dir {job_map.directory}: {e.strerror or e}"
+            ) from None
     if confinement.enabled:
         log.info("confinement: %s (one cgroup per job)", confinement.describe)
     else:
@@ -250,6 +274,15 @@ async def _run(
             head_seen=seen,
             execs=execs,
         )
+        metrics.install(
+            app,
+            node=cfg.name,
+            inventory=request.gpus,
+            gpus=gpus,
+            reconciler=reconciler,
+            secret=agent_secret,
+            scrape_token=scrape_token,
+        )
         # A request still open when the agent stops (a peer's, a log read, an exec) gets
         # SHUTDOWN_GRACE_S to finish: an agent leaving for an upgrade must be gone well
         # within the lease, or its jobs are fenced before the next agent adopts them.
@@ -291,6 +324,17 @@ async def _run(
             # Take the lease over from the previous agent's guard, unchanged: this guard
             # now fences its jobs at that deadline unless the head answers this agent.
             LeaseFile(state_dir).renew(survivors.deadline)
+        mapper = None
+        if job_map is not None:
+            mapper = asyncio.create_task(
+                metrics.keep_job_map(
+                    job_map,
+                    reconciler,
+                    map_changed,
+                    stop,
+                    lambda what: survivals.record(what, "not written; retried", quiet=True),
+                )
+            )
         try:
             await link.run()
         finally:
@@ -306,6 +350,12 @@ async def _run(
                 log.info("agent %s stopping: ending job processes", cfg.name)
                 await asyncio.to_thread(reconciler.shutdown)
                 await asyncio.to_thread(stop_guard, guard)
+            if mapper is not None:
+                stop.set()
+                await mapper
+                if job_map is not None and not leaving.is_set():
+                    with contextlib.suppress(OSError):  # its jobs are gone: no labels
+                        await asyncio.to_thread(job_map.update, {})
             server.should_exit = True
             await serving
             await shipping.stop()

@@ -735,6 +735,19 @@ class Reconciler:
                 )  # fmt: skip
         return out
 
+    def gpu_holders(self) -> dict[int, list[Assignment]]:
+        """GPU index → the assignments with a running rank on it (job-mapping files,
+        per-GPU metrics); a GPU no running rank holds is absent."""
+        with self._lock:
+            held: dict[int, list[Assignment]] = {}
+            for (job_id, epoch), launch in sorted(self._launches.items()):
+                states = (self.procs.get(rank_key(job_id, epoch, r)) for r in launch.ranks)
+                a = launch.assignment
+                if a and any(s is not None and s.running for s in states):
+                    for gpu in a.gpus:
+                        held.setdefault(gpu, []).append(a)
+            return held
+
     def rank_log(self, job_id: int, rank: int) -> tuple[Path, Path, bool] | None:
         """(stdout, stderr, ended) of a rank of `job_id` on this node, newest epoch first;
         falls back to files on disk for jobs this agent no longer tracks."""

@@ -54,7 +54,8 @@ Offset = Annotated[int, Query(ge=0, le=MAX_INT64)]  # a file offset (seek takes 
 # The largest request body the agent reads (an srun step launch with its environment is
 # the largest, a few KiB per task); larger ones get 413 unread.
 MAX_BODY_BYTES = 4 * 1024 * 1024
-OPEN_PATHS = frozenset({"/healthz"})
+# /metrics checks its own tokens (agent/metrics.py: the agent secret or the scrape token).
+OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 
 
 def create_app(

@@ -302,6 +302,10 @@ class JobProgress(Lenient):
     tokens_per_s: Measure | None = None
     mfu: Measure | None = None
     time: UnixTime
+    # The last checkpoint's save time (its blocking part) and the step it saved; the head
+    # observes each checkpoint once (phalanx_job_checkpoint_duration_seconds).
+    checkpoint_s: Seconds | None = None
+    checkpoint_step: Counter | None = None
 
 
 class JobGpu(Lenient):
@@ -682,14 +686,14 @@ class TokenIssued(Lenient):
     id: int
     token: str  # shown once; only its hash is stored
     user: str | None
-    kind: Literal["api", "join"]
+    kind: Literal["api", "join", "metrics"]
     expires: float | None = None  # unix seconds; None: never
 
 
 class TokenInfo(Lenient):
     id: int
     user: str | None
-    kind: Literal["api", "join", "node"]
+    kind: Literal["api", "join", "node", "metrics"]
     description: str
     created: float
     last_used: float | None

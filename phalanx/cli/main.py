@@ -21,6 +21,7 @@ from phalanx.cli.report import idle, report
 from phalanx.cli.services import agent, head, up
 from phalanx.cli.submit import SubmitCommand, submit
 from phalanx.cli.tokens import token_app
+from phalanx.cli.top import top
 from phalanx.cli.usage import CliGroup
 from phalanx.cli.views import history, priority, queue, share
 
@@ -83,6 +84,7 @@ app.command("nodes")(nodes)
 app.command("drain")(drain)
 app.command("resume")(resume)
 app.command("whoami")(whoami)
+app.command("top")(top)
 app.add_typer(admin, name="admin")
 app.add_typer(token_app, name="token")
 app.add_typer(context_app, name="context")

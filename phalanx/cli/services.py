@@ -379,6 +379,23 @@ def agent(
             "job ends here).",
         ),
     ] = 10.0,
+    hpc_job_mapping_dir: Annotated[
+        str | None,
+        typer.Option(
+            help="Keep dcgm-exporter's job-mapping files here (its --hpc-job-mapping-dir): a "
+            "file per GPU index listing the ids of the jobs on that GPU. `%n`: the node's name.",
+            show_default=False,
+        ),
+    ] = None,
+    metrics_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="File holding the token that may scrape this agent's /metrics besides the "
+            "head (e.g. one from `phalanx token create --scope metrics`).",
+            dir_okay=False,
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run an agent on this server: join the head, run the jobs it assigns (blocks)."""
     import logging
@@ -413,6 +430,8 @@ def agent(
         max_outage_s=max_outage,
         telemetry_interval_s=telemetry_interval,
         telemetry_ship_s=telemetry_ship,
+        hpc_job_mapping_dir=hpc_job_mapping_dir,
+        metrics_token_file=metrics_token_file,
     )
     try:
         run_agent(config)

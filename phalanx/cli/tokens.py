@@ -72,6 +72,14 @@ def token_create(
     join: Annotated[
         bool, typer.Option("--join", help="A join token for agents instead (admin).")
     ] = False,
+    scope: Annotated[
+        str,
+        typer.Option(
+            "--scope",
+            help="api: a user's token; metrics: a scrape-only token for Prometheus (admin), "
+            "reading /metrics and /v1/metrics/gpus and nothing else.",
+        ),
+    ] = "api",
     single_use: SingleUseOpt = False,
     nodes: NodesOpt = None,
     addresses: AddressesOpt = None,
@@ -79,7 +87,15 @@ def token_create(
     head: HeadOpt = None,
     token: TokenOpt = None,
 ) -> None:
-    """Issue an API token (shown once: store it now), or with --join a join token."""
+    """Issue an API token (shown once: store it now), or with --join a join token, or with
+    --scope metrics a scrape-only token."""
+    if scope not in ("api", "metrics"):
+        fail(f"--scope {scope!r}: expected api or metrics")
+    if scope == "metrics":
+        if join or user is not None or single_use or nodes or addresses:
+            fail("--scope metrics makes a scrape-only token: no USER, --join or join options")
+        _metrics_create(description, expires, json_out, head, token)
+        return
     if join:
         if user is not None:
             fail("a join token belongs to no user: drop USER or --join")
@@ -215,3 +231,20 @@ def _join_create(
 
 def _items(text: str | None) -> list[str]:
     return [item.strip() for item in (text or "").split(",") if item.strip()]
+
+
+def _metrics_create(
+    description: str, expires: str | None, json_out: bool, head: str | None, token: str | None
+) -> None:
+    seconds = _seconds(expires)
+    with connect(head, token) as client:
+        issued = client.create_metrics_token(description, seconds)
+    if json_out:
+        print_json(issued)
+    else:
+        typer.echo(issued.token)
+        typer.echo(
+            f"scrape-only token {issued.id} ({_until(issued.expires)}): shown once; give it to "
+            "Prometheus as its bearer token (authorization.credentials_file)",
+            err=True,
+        )

@@ -17,6 +17,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from phalanx.api import version
+from phalanx.api.metrics import MetricsTokenCreate
 from phalanx.api.models import (
     CancelRequest,
     DrainRequest,
@@ -515,6 +516,18 @@ class PhalanxClient:
         that asks for it."""
         body = TokenCreate(user=user, description=description, expires_s=expires_s)
         return self._call(TokenIssued, "POST", "/v1/tokens", body=body)
+
+    def create_metrics_token(
+        self, description: str = "", expires_s: float | None = None
+    ) -> TokenIssued:
+        """Issue a scrape-only token (admin): it reads /metrics and /v1/metrics/gpus and
+        nothing else. It expires in `expires_s` (None: the head's default for API tokens)."""
+        body = MetricsTokenCreate(description=description, expires_s=expires_s)
+        return self._call(TokenIssued, "POST", "/v1/metrics/tokens", body=body)
+
+    def metrics_text(self, path: str = "/metrics", params: Params | None = None) -> str:
+        """A Prometheus exposition of the head (`/metrics`, `/v1/metrics/gpus`) as text."""
+        return self._request("GET", path, params=params).text
 
     def tokens(self, everyone: bool = True) -> TokenList:
         """Tokens (hashes are never shown): an admin's answer has every token (`everyone`

@@ -29,7 +29,15 @@ from phalanx.api.asgi import (
 )
 from phalanx.api.asgi import bearer_token as _bearer_of
 from phalanx.api.asgi import json_error as _json
-from phalanx.head import admin, execproxy, jobcontrol, jobs, telemetry_api, usage_routes
+from phalanx.head import (
+    admin,
+    execproxy,
+    jobcontrol,
+    jobs,
+    metricsapi,
+    telemetry_api,
+    usage_routes,
+)
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
@@ -650,6 +658,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     async def heartbeat(body: m.Heartbeat, who: Who) -> m.DesiredState:
         return await head.heartbeat(who, body)
 
+    app.include_router(metricsapi.router())  # /metrics, /v1/metrics/*
     return ApiVersion(StandbyGate(FastSubmit(app, head, keys), role), "head")
 
 

@@ -16,9 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-TOKEN_PREFIX = {"api": "phx_", "join": "phxj_", "node": "phxn_"}
+TOKEN_PREFIX = {"api": "phx_", "join": "phxj_", "node": "phxn_", "metrics": "phxm_"}
 STEP_TOKEN_PREFIX = "phxs_"  # job-scoped (srun steps, progress); lives on the job, not in `tokens`
-TokenKind = Literal["api", "join", "node"]
+# "metrics": a scrape-only token (Prometheus): /metrics and the per-GPU series, nothing else.
+TokenKind = Literal["api", "join", "node", "metrics"]
 
 DAY_S = 86400.0
 API_TOKEN_TTL_S = 90 * DAY_S  # default life of a user's API token (`phalanx head --token-ttl`)

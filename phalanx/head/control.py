@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ class ControlThread:
         # Also after such a commit, each in turn, the same way (head/usage.py: which job
         # holds which GPU).
         self.move_watchers: list[Callable[[Tx], None]] = []
+        # After every commit, on this thread, with the committed Tx (metrics); same rules.
+        self.on_committed: list[Callable[[Tx], None]] = []
         self.cycles = 0
         self._pauses = timed.PauseWatch(settings, self.clock.monotonic())
         # Unexpected exceptions in operations or cycles that were rolled back and survived.
@@ -230,7 +233,9 @@ class ControlThread:
                     mono = self.clock.monotonic()
                     due = mono >= self._last_cycle + CYCLE_MIN_INTERVAL_S
                     if tick or (self._kicked and due):
+                        began = time.perf_counter()
                         scheduling.cycle(self.mirror, tx, now)
+                        tx.cycle_s = time.perf_counter() - began
                         self.cycles += 1
                         self._kicked = False
                         self._last_cycle = mono
@@ -264,6 +269,11 @@ class ControlThread:
         _resolve(results)
         if tx.touched_nodes:
             self.on_commit(tx.touched_nodes)
+        for hook in self.on_committed:
+            try:
+                hook(tx)
+            except Exception:  # committed and answered already: a hook's bug loses only itself
+                log.exception("control loop: an after-commit hook failed; carrying on")
         if tx.moves:
             hooks = [self.on_moves] if self.on_moves is not None else []
             for hook in [*hooks, *self.move_watchers]:

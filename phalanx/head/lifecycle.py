@@ -26,6 +26,7 @@ FINAL_STATE = {
 }
 REQUEUE = ("preempt", "requeue")
 LAUNCH_FAILED = "LaunchFailed: "
+PREEMPTED_FOR = "preempted for job "  # how a preemption's transition reason begins (metrics)
 # A node that failed this many jobs within the window is kept out of the next placement
 # of the job it failed (when enough other nodes exist).
 BLAME_THRESHOLD = 2
@@ -292,7 +293,7 @@ def preempt(
         return
     grace = rec.spec.preempt_grace_s
     grace_s = mirror.settings.preempt_grace_s if grace is None else float(grace)
-    cause = why or f"preempted for job {for_job}"
+    cause = why or f"{PREEMPTED_FOR}{for_job}"
     if grace_s <= 0:
         begin_stop(mirror, tx, rec, "preempt", None, cause, now)
         return

@@ -105,6 +105,7 @@ class Tx:
         # and the jobs that moved (job notifications read them after the commit).
         self.moves: list[JobTransition | NodeTransition] = []
         self.moved_jobs: dict[int, JobRecord] = {}
+        self.cycle_s: float | None = None  # how long this batch's scheduling cycle took
 
     @property
     def conn(self) -> Connection:

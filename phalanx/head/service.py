@@ -18,6 +18,7 @@ from phalanx.head import auth, jobcontrol, jobs, lifecycle, nodestates, reports,
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.certs import AgentSigner
 from phalanx.head.control import ControlThread, HeadError, _core_team
+from phalanx.head.metrics import HeadMetrics
 from phalanx.head.mirror import Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord, NodeRecord
 from phalanx.head.scheduling import pending_reason
@@ -45,6 +46,8 @@ class Head:
             control.engine, control.clock.time, self.samples, retention(control.mirror.settings)
         )  # GPU telemetry and progress history, stored off the control thread (head/tsdb.py)
         self.usage = Usage(control, self.samples)  # idle GPUs and accounting (head/usage.py)
+        self.metrics = HeadMetrics(self.mirror, control.lock)  # Prometheus (head/metrics.py)
+        control.on_committed.append(self.metrics.observe)
         control.on_commit = self._on_commit
         # What agents accept from each other when they ask one another about the head during
         # an outage (docs/fault-tolerance.md#head-outages). Each head has its own; agents
@@ -255,6 +258,7 @@ class Head:
             if rec is not None:
                 rec.progress[report.rank] = report
                 rec.progress_at[report.rank] = self.now()
+                self.metrics.progress(rec, report)
         self.tsdb.progress(job_id, report)
 
     def log_source(self, rec: JobRecord, rank: int) -> NodeRecord:

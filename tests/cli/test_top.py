@@ -1,0 +1,85 @@
+"""`phalanx top` against a real local cluster (a head and two agents with two fake GPUs
+each): one frame with --once, its filters, a clean Ctrl-C, and a clear error when the head
+cannot be reached."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from phalanx.local import LocalCluster
+from tests.cli.conftest import invoke, run_cli
+
+SLEEP = ("python", "-c", "import time; time.sleep(300)")
+
+
+def _submit(env: dict[str, str], *args: str) -> int:
+    result = invoke("submit", "--json", *args, env=env)
+    assert result.exit_code == 0, result.stderr
+    job_id: int = json.loads(result.stdout)["job_ids"][0]
+    return job_id
+
+
+def _frame_until(env: dict[str, str], wanted: str, *args: str, timeout: float = 60) -> str:
+    """`phalanx top --once` until its frame contains `wanted` (the agents' next heartbeat)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = invoke("top", "--once", *args, env=env)
+        assert result.exit_code == 0, result.stderr
+        if wanted in result.stdout:
+            return result.stdout
+        assert time.monotonic() < deadline, f"no {wanted!r} in:\n{result.stdout}"
+        time.sleep(0.2)
+
+
+def test_once_shows_nodes_gpu_bars_and_jobs(admin_env: dict[str, str]) -> None:
+    running = _submit(admin_env, "--gpus-per-node", "2", "--", *SLEEP)
+    waiting = _submit(admin_env, "--nodes", "2", "--gpus-per-node", "2", "--", *SLEEP)
+    try:
+        # The running job's node shows two full bars (its fake GPUs are busy), the other two
+        # idle dots; both jobs are listed, the pending one with its reason.
+        frame = _frame_until(admin_env, "██")
+        assert "127.0.0.2" in frame and "127.0.0.3" in frame
+        assert "··" in frame
+        assert "GPUs 2/4 allocated" in frame
+        lines = {line.split()[0]: line for line in frame.splitlines() if line.split()}
+        assert " R " in lines[str(running)] and " PD " in lines[str(waiting)]
+        assert "127.0.0." in lines[str(running)]
+        # The server filters: no job of a user that has none.
+        other = invoke("top", "--once", "--user", "nobody", env=admin_env)
+        assert other.exit_code == 0 and "no live jobs" in other.stdout
+        rows = invoke("top", "--once", "--rows", "1", env=admin_env)
+        assert "1 more nodes" in rows.stdout and "1 more jobs" in rows.stdout
+    finally:
+        invoke("cancel", str(running), str(waiting), env=admin_env)
+
+
+def test_an_unreachable_head_is_one_clear_line(admin_env: dict[str, str]) -> None:
+    env = {**admin_env, "PHALANX_HEAD": "http://127.0.0.1:9"}
+    for args in (("top", "--once"), ("top", "--interval", "1")):
+        done = run_cli(*args, env=env, timeout=60)
+        assert done.returncode == 2, done
+        assert "cannot reach head" in done.stderr and "Traceback" not in done.stderr
+    bad = run_cli("top", "--interval", "0", env=admin_env)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_ctrl_c_ends_the_live_view_cleanly(cluster: LocalCluster) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "phalanx", "top", "--interval", "0.5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **cluster.client_env()},
+    )
+    time.sleep(3)  # a few refreshes
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert "phalanx top" in out
