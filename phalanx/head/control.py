@@ -69,6 +69,9 @@ class ControlThread:
         # thread with the committed Tx; it must not block, and what it raises is logged.
         self.on_moves: Callable[[Tx], None] | None = None
         self.cycles = 0
+        # Bumped after each committed transaction (and by other changes people see, such
+        # as progress reports): the dashboard's cheap "something changed" (head/dashboard).
+        self.changes = 0
         self._pauses = timed.PauseWatch(settings, self.clock.monotonic())
         # Unexpected exceptions in operations or cycles that were rolled back and survived.
         self.loop_errors = 0
@@ -258,6 +261,7 @@ class ControlThread:
             finally:
                 os._exit(70)
         self._release(tx.connection)
+        self.changes += 1
         _resolve(results)
         if tx.touched_nodes:
             self.on_commit(tx.touched_nodes)

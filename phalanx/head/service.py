@@ -249,6 +249,7 @@ class Head:
             if rec is not None:
                 rec.progress[report.rank] = report
                 rec.progress_at[report.rank] = self.now()
+                self.control.changes += 1  # the dashboard's charts follow it
 
     def log_source(self, rec: JobRecord, rank: int) -> NodeRecord:
         """The node that holds rank `rank`'s logs."""
