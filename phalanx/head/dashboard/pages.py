@@ -244,8 +244,11 @@ def queue_live(
 
 # ----------------------------------------------------------------------- teams
 def _teams(head: Head) -> str:
+    """Every team (head.teams: quotas, members) with its fair-share standing where the
+    scheduler has one (head.shares: none before a node joins)."""
     shares = head.shares()
-    return render("_teams.html", s=shares)
+    standing = {t.team: t for t in shares.teams}
+    return render("_teams.html", s=shares, teams=head.teams().teams, standing=standing)
 
 
 @router.get("/ui/teams", response_class=HTMLResponse)

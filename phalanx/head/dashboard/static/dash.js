@@ -29,9 +29,14 @@
       series.push({ label: n, stroke: palette[i % palette.length], width: 1.5, scale: scales[n] || "y", spanGaps: true });
     });
     var axes = [{}, { scale: "y" }];
+    el.textContent = "";
     if (Object.values(scales).indexOf("mfu") >= 0) { axes.push({ scale: "mfu", side: 1, grid: { show: false } }); }
     var data = [[]].concat(names.map(function () { return []; }));
-    var opts = { width: width(el), height: 200, series: series, axes: axes, scales: { x: { time: true } } };
+    var pad = function (u, min, max) { return min === max ? [min - 60, max + 60] : [min, max]; };
+    var ys = { x: { time: true, range: pad } };
+    ys.y = id === "gpu-chart" ? { range: [0, 100] } : {};
+    if (Object.values(scales).indexOf("mfu") >= 0) { ys.mfu = { range: [0, 1] }; }
+    var opts = { width: width(el), height: 200, series: series, axes: axes, scales: ys };
     c = { key: key, names: names, data: data, plot: new uPlot(opts, data, el), last: null };
     charts[id] = c;
     return c;
