@@ -134,7 +134,8 @@ def test_only_a_users_api_token_signs_in(head: HeadProc) -> None:
             assert r.status_code == 401, token
             assert says in r.text, (token, r.text)
             assert COOKIE not in r.headers.get("set-cookie", "")
-        as_json = client.post("/ui/login", content=b"{}", headers={"content-type": "application/json"})
+        json_type = {"content-type": "application/json"}
+        as_json = client.post("/ui/login", content=b"{}", headers=json_type)
         assert as_json.status_code == 400
         assert client.post("/ui/login", data={"token": "x" * 20_000}).status_code == 413
         form = {"content-type": "application/x-www-form-urlencoded"}
