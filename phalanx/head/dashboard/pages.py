@@ -103,6 +103,7 @@ def nodes(
     body = _nodes(head, seen, state, q, page_no, per)
     return page(
         "nodes.html",
+        request=request,
         **base(request, seen, "nodes"),
         body=body,
         live=f"/ui/live/nodes?{request.url.query}",
@@ -174,6 +175,7 @@ def jobs(
     body = _jobs(head, seen, scope, state, user, team, name, page_no, before, per)
     return page(
         "jobs.html",
+        request=request,
         **base(request, seen, "jobs"),
         body=body,
         live=f"/ui/live/jobs?{request.url.query}",
