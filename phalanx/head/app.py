@@ -31,6 +31,7 @@ from phalanx.api.asgi import bearer_token as _bearer_of
 from phalanx.api.asgi import json_error as _json
 from phalanx.head import (
     admin,
+    dashboard,
     execproxy,
     jobcontrol,
     jobs,
@@ -647,6 +648,8 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         """Delete a team without live jobs (409 if it has some)."""
         admin.delete_team(head, name)
         return Response(status_code=204)
+
+    dashboard.install(app, head)  # the web dashboard at /ui/ (head/dashboard)
 
     # ----------------------------------------------------------------- agents
     @app.post("/v1/agent/register", response_model=m.RegisterResponse, responses=CONFLICT)

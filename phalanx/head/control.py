@@ -75,6 +75,9 @@ class ControlThread:
         # After every commit, on this thread, with the committed Tx (metrics); same rules.
         self.on_committed: list[Callable[[Tx], None]] = []
         self.cycles = 0
+        # Bumped after each committed transaction (and by other changes people see, such
+        # as progress reports): the dashboard's cheap "something changed" (head/dashboard).
+        self.changes = 0
         self._pauses = timed.PauseWatch(settings, self.clock.monotonic())
         # Unexpected exceptions in operations or cycles that were rolled back and survived.
         self.loop_errors = 0
@@ -266,6 +269,7 @@ class ControlThread:
             finally:
                 os._exit(70)
         self._release(tx.connection)
+        self.changes += 1
         _resolve(results)
         if tx.touched_nodes:
             self.on_commit(tx.touched_nodes)

@@ -259,6 +259,7 @@ class Head:
                 rec.progress[report.rank] = report
                 rec.progress_at[report.rank] = self.now()
                 self.metrics.progress(rec, report)
+                self.control.changes += 1  # the dashboard's charts follow it
         self.tsdb.progress(job_id, report)
 
     def log_source(self, rec: JobRecord, rank: int) -> NodeRecord:

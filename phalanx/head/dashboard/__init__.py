@@ -1,0 +1,22 @@
+"""The web dashboard the head serves at /ui/ (docs: README's "Web dashboard" section).
+
+Server-rendered HTML (Jinja2) with two small vendored libraries (htmx with its SSE
+extension, uPlot; static/vendor/VENDORED.md): no build step and no CDN. Same tokens as
+the API (session.py), pages paginated and filtered on the server (listings.py,
+cluster.py), live updates over SSE (live.py).
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from phalanx.head.dashboard import actions, jobpage, live, pages
+from phalanx.head.service import Head
+
+
+def install(app: FastAPI, head: Head) -> None:
+    """Serve the dashboard from `app` (head/app.py's create_app)."""
+    app.state.dashboard_feed = live.ChangeFeed(head.control)
+    app.include_router(actions.router)
+    app.include_router(pages.router)
+    app.include_router(jobpage.router)

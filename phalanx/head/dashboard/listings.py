@@ -1,0 +1,309 @@
+"""The dashboard's lists, paginated and filtered on the server: jobs (live from the mirror,
+ended ones from the database by keyset), the queue in the scheduler's order with each job's
+reason and estimated start, and the nodes' health events. A page never holds more than
+`per` rows, whatever the cluster's size (the Ray dashboard's failing is sending it all)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from phalanx.core import JobState, queue_order
+from phalanx.head import db, store
+from phalanx.head.auth import Principal
+from phalanx.head.records import JobRecord
+from phalanx.head.scheduling import pending_reason
+from phalanx.head.service import Head
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    id: int
+    name: str
+    user: str
+    team: str
+    state: str
+    gpus: str  # "2×4"
+    submit_time: float
+    start_time: float | None
+    end_time: float | None
+    reason: str | None
+    detail: str | None  # the reason's sentence, or the exit code
+
+
+@dataclass(frozen=True, slots=True)
+class JobPage:
+    rows: tuple[JobRow, ...]
+    scope: str  # active | ended
+    total: int | None  # live jobs matching (ended: not counted, keyset pages)
+    page: int
+    pages: int
+    next_before: int | None  # ended jobs: the keyset cursor of the next page
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    rank: int | None  # place in the scheduler's order (None: not eligible yet)
+    id: int
+    name: str
+    user: str
+    team: str
+    qos: str
+    gpus: str
+    submit_time: float
+    reason: str | None
+    reason_message: str | None
+    estimated_start: float | None  # unix seconds; math.inf: when a job without a limit ends
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePage:
+    rows: tuple[QueueRow, ...]
+    total: int
+    page: int
+    pages: int
+
+
+@dataclass(frozen=True, slots=True)
+class EventRow:
+    id: int
+    time: float
+    node: str | None
+    kind: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class EventPage:
+    rows: tuple[EventRow, ...]
+    next_before: int | None
+
+
+def visible(who: Principal, user: str, team: str) -> bool:
+    """Whether `who` sees a job's metadata (as the REST API decides: its owner, its team's
+    members and admins, cluster admins)."""
+    return who.admin or user == who.user or team in who.teams or team in who.admin_of
+
+
+def _gpus(nodes: int, per_node: int) -> str:
+    return f"{nodes}×{per_node}" if nodes > 1 else str(per_node)
+
+
+def _row(head: Head, rec: JobRecord) -> JobRow:
+    code, message = pending_reason(head.mirror, rec)
+    return JobRow(
+        id=rec.id,
+        name=rec.name,
+        user=rec.user,
+        team=rec.team,
+        state=rec.state.value,
+        gpus=_gpus(rec.spec.nodes, rec.spec.gpus_per_node),
+        submit_time=rec.submit_time,
+        start_time=rec.start_time,
+        end_time=rec.end_time,
+        reason=code,
+        detail=message,
+    )
+
+
+def _matches(
+    user: str, team: str, state: str, name: str, f_user: str | None, f_team: str | None,
+    f_states: set[str] | None, f_name: str | None,
+) -> bool:  # fmt: skip
+    return (
+        (f_user is None or user == f_user)
+        and (f_team is None or team == f_team)
+        and (f_states is None or state in f_states)
+        and (f_name is None or f_name in name)
+    )
+
+
+def job_page(
+    head: Head,
+    who: Principal,
+    scope: str,
+    states: set[str] | None,
+    user: str | None,
+    team: str | None,
+    name: str | None,
+    page: int,
+    before: int | None,
+    per: int,
+) -> JobPage:
+    """One page of the jobs `who` may see: live ones newest first (numbered pages), or ended
+    ones newest first from the database (keyset pages: `before` a job id)."""
+    if scope == "active":
+        with head.control.lock:
+            ids = [
+                rec.id
+                for rec in head.mirror.jobs.values()
+                if visible(who, rec.user, rec.team)
+                and _matches(
+                    rec.user, rec.team, rec.state.value, rec.name, user, team, states, name
+                )
+            ]
+            ids.sort(reverse=True)
+            total = len(ids)
+            pages = max(1, -(-total // per))
+            page = min(page, pages)
+            rows = tuple(
+                _row(head, head.mirror.jobs[i]) for i in ids[(page - 1) * per : page * per]
+            )
+        return JobPage(rows, "active", total, page, pages, None)
+    return _ended_page(head, who, states, user, team, name, before, per)
+
+
+def _ended_page(
+    head: Head,
+    who: Principal,
+    states: set[str] | None,
+    user: str | None,
+    team: str | None,
+    name: str | None,
+    before: int | None,
+    per: int,
+) -> JobPage:
+    j = db.jobs.c
+    columns = (
+        j.id, j.name, j.user, j.team, j.state, j.spec_json, j.submit_time, j.start_time,
+        j.end_time, j.exit_code, j.reason, j.reason_message,
+    )  # fmt: skip
+    query = select(*columns).where(j.state.not_in(store.LIVE_STATES))
+    if not who.admin:
+        teams = sorted(who.teams | who.admin_of)
+        query = query.where((j.user == who.user) | j.team.in_(teams))
+    if states is not None:
+        query = query.where(j.state.in_(sorted(states)))
+    if user is not None:
+        query = query.where(j.user == user)
+    if team is not None:
+        query = query.where(j.team == team)
+    if name is not None:
+        escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        query = query.where(j.name.like(f"%{escaped}%", escape="\\"))
+    if before is not None:
+        query = query.where(j.id < before)
+    query = query.order_by(j.id.desc()).limit(per + 1)
+    with head.control.engine.connect() as conn:
+        found = list(conn.execute(query))
+    rows = tuple(_ended_row(r) for r in found[:per])
+    more = len(found) > per
+    return JobPage(rows, "ended", None, 1, 1, rows[-1].id if more and rows else None)
+
+
+def _ended_row(r: Any) -> JobRow:
+    nodes, per_node = _shape(r.spec_json)
+    return JobRow(
+        id=r.id,
+        name=r.name,
+        user=r.user,
+        team=r.team,
+        state=r.state,
+        gpus=_gpus(nodes, per_node),
+        submit_time=r.submit_time,
+        start_time=r.start_time,
+        end_time=r.end_time,
+        reason=r.reason,
+        detail=r.exit_code or r.reason_message,
+    )
+
+
+def _shape(spec_json: str) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a stored spec, without parsing the whole spec into a model."""
+    try:
+        spec = json.loads(spec_json)
+        return int(spec.get("nodes", 1)), int(spec.get("gpus_per_node", 1))
+    except (ValueError, TypeError, AttributeError):
+        return 1, 1
+
+
+def queue_page(head: Head, who: Principal, page: int, per: int) -> QueuePage:
+    """The pending jobs `who` may see: those the scheduler considers, in its order (with
+    their rank among all queued jobs), then those not yet eligible (dependencies, holds,
+    begin times); each with its reason and, where known, its estimated start."""
+    now = head.now()
+    with head.control.lock:
+        mirror = head.mirror
+        core = mirror.core
+        reservation = mirror.decisions.reservation if mirror.decisions is not None else None
+        ordered: list[tuple[int | None, JobRecord]] = []
+        seen: set[int] = set()
+        if core is not None:
+            for place, job in enumerate(queue_order(core, now), start=1):
+                seen.add(job.id)
+                rec = mirror.jobs.get(job.id)
+                if rec is not None and visible(who, rec.user, rec.team):
+                    ordered.append((place, rec))
+        rest = sorted(
+            (
+                rec
+                for rec in mirror.jobs.values()
+                if rec.state is JobState.PENDING
+                and rec.id not in seen
+                and visible(who, rec.user, rec.team)
+            ),
+            key=lambda r: r.id,
+        )
+        ordered.extend((None, rec) for rec in rest)
+        total = len(ordered)
+        pages = max(1, -(-total // per))
+        page = min(page, pages)
+        rows = []
+        for rank, rec in ordered[(page - 1) * per : page * per]:
+            code, message = pending_reason(mirror, rec)
+            start: float | None = None
+            if reservation is not None and reservation.job_id == rec.id:
+                start = reservation.start_s if math.isfinite(reservation.start_s) else math.inf
+            elif rec.spec.begin_time is not None and rec.spec.begin_time > now:
+                start = rec.spec.begin_time
+            rows.append(
+                QueueRow(
+                    rank=rank,
+                    id=rec.id,
+                    name=rec.name,
+                    user=rec.user,
+                    team=rec.team,
+                    qos=rec.qos,
+                    gpus=_gpus(rec.spec.nodes, rec.spec.gpus_per_node),
+                    submit_time=rec.submit_time,
+                    reason=code,
+                    reason_message=message,
+                    estimated_start=start,
+                )
+            )
+    return QueuePage(tuple(rows), total, page, pages)
+
+
+def event_page(
+    head: Head, kinds: set[str] | None, node: str | None, before: int | None, per: int
+) -> EventPage:
+    """Node events (no job's), newest first: drains, failures, GPU faults and XIDs, …"""
+    e = db.events.c
+    query = select(e.id, e.time, e.node, e.kind, e.message).where(
+        e.job_id.is_(None), e.node.is_not(None)
+    )
+    if kinds is not None:
+        query = query.where(e.kind.in_(sorted(kinds)))
+    if node is not None:
+        query = query.where(e.node == node)
+    if before is not None:
+        query = query.where(e.id < before)
+    query = query.order_by(e.id.desc()).limit(per + 1)
+    with head.control.engine.connect() as conn:
+        found = list(conn.execute(query))
+    rows = tuple(EventRow(r.id, r.time, r.node, r.kind, r.message) for r in found[:per])
+    return EventPage(rows, rows[-1].id if len(found) > per and rows else None)
+
+
+def event_kinds(head: Head) -> list[str]:
+    """The node event kinds recorded so far (the health page's filter choices)."""
+    e = db.events.c
+    with head.control.engine.connect() as conn:
+        found = conn.execute(
+            select(e.kind).where(e.job_id.is_(None), e.node.is_not(None)).distinct().limit(100)
+        )
+        return sorted(r.kind for r in found)

@@ -1,0 +1,161 @@
+"""The dashboard in a real browser (Playwright driving Debian's chromium) against a real
+cluster: signing in, the GPU grid, a live log, cancel, drain, and what a plain user may not
+see or do. Screenshots land in test-artifacts/dashboard/."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from playwright.sync_api import BrowserContext, Page, expect
+
+from phalanx.client.api import PhalanxClient
+from phalanx.local import LocalCluster
+from tests.dashboard.conftest import People, shot, sign_in
+from tests.e2e.helpers import job, sh, submit, wait_for
+
+
+def _running(api: PhalanxClient, job_id: int) -> None:
+    wait_for(f"job {job_id} to run", lambda: api.job(job_id).job.state == "R" or None, 60)
+
+
+def _as(cluster: LocalCluster, token: str) -> PhalanxClient:
+    return cluster.client(token)
+
+
+def test_a_bad_token_is_refused_with_an_error(cluster: LocalCluster, page: Page) -> None:
+    page.goto(f"{cluster.url}/ui/nodes")
+    expect(page).to_have_url(f"{cluster.url}/ui/login?next=/ui/nodes")
+    page.fill("#token", "phx_not-a-real-token")
+    page.click("button[type=submit]")
+    expect(page.locator("#login-error")).to_contain_text("unknown or revoked token")
+    assert not [c for c in page.context.cookies() if c["name"] == "phalanx_session"]
+    shot(page, "login-error")
+
+
+def test_gpu_grid_shows_a_running_jobs_gpu_busy_and_a_free_one_idle(
+    cluster: LocalCluster, people: People, api: PhalanxClient, page: Page, workdir: Path
+) -> None:
+    with _as(cluster, people.alice) as alice:
+        job_id = submit(alice, job(workdir, sh("sleep 300"), name="busy-one"))
+    _running(api, job_id)
+    sign_in(page, cluster.url, people.admin, "/ui/nodes")
+    held = page.locator(f'i.gpu[data-job="{job_id}"]')
+    expect(held).to_have_count(1)
+    # The fake GPU reports 100% once the agent sees the job's process on it (a heartbeat
+    # later): the grid follows over SSE, without a reload.
+    expect(held).to_have_attribute("data-busy", "1")
+    node, index = (held.get_attribute("data-gpu") or ":").split(":")
+    whose = rf"job {job_id} \({people.alice_name}\)"
+    hover = rf"^{re.escape(node)} GPU {index} · 100% · \d+/\d+ MiB · {whose}$"
+    expect(held).to_have_attribute("title", re.compile(hover))
+    free = page.locator('i.gpu:not([data-job])[data-busy="0"]')
+    assert free.count() >= 1
+    expect(free.first).to_have_class("gpu u0")
+    shot(page, "nodes-gpu-grid")
+    page.goto(f"{cluster.url}/ui/")
+    expect(page.locator("#gpus-allocated")).to_have_text("1")
+    expect(page.locator("#jobs-R")).to_have_text("1")
+    shot(page, "overview")
+
+
+def test_a_job_appears_in_an_open_jobs_page_without_a_reload(
+    cluster: LocalCluster, people: People, api: PhalanxClient, page: Page, workdir: Path
+) -> None:
+    sign_in(page, cluster.url, people.admin, "/ui/jobs")
+    page.evaluate("window.__notReloaded = true")
+    job_id = submit(api, job(workdir, sh("sleep 300"), name="appears-live"))
+    expect(page.locator(f"#job-{job_id}")).to_contain_text("appears-live")
+    assert page.evaluate("window.__notReloaded") is True
+
+
+def test_a_jobs_log_follows_live_and_the_job_is_cancelled_from_its_page(
+    cluster: LocalCluster, people: People, api: PhalanxClient, page: Page, workdir: Path
+) -> None:
+    marker = workdir / "go-on"
+    script = (
+        "echo before-the-page-opened; "
+        f"while [ ! -e {marker} ]; do sleep 0.2; done; "
+        "echo printed-after-the-page-opened; sleep 300"
+    )
+    with _as(cluster, people.alice) as alice:
+        job_id = submit(alice, job(workdir, sh(script), name="follow-me"))
+    _running(api, job_id)
+    sign_in(page, cluster.url, people.alice, f"/ui/jobs/{job_id}")
+    log = page.locator("#log")
+    expect(log).to_contain_text("before-the-page-opened")
+    assert "printed-after-the-page-opened" not in (log.text_content() or "")
+    page.evaluate("window.__notReloaded = true")
+    marker.touch()
+    expect(log).to_contain_text("printed-after-the-page-opened")
+    assert page.evaluate("window.__notReloaded") is True
+    expect(page.locator("#job-state")).to_have_text("R")
+    shot(page, "job-page")
+
+    page.click("#cancel")
+    expect(page).to_have_url(f"{cluster.url}/ui/jobs/{job_id}")
+    expect(page.locator("#job-state")).to_have_text("CA", timeout=30_000)
+    assert api.job(job_id).job.state == "CA"
+    expect(page.locator("#cancel")).to_have_count(0)  # nothing left to cancel
+
+
+def test_an_admin_drains_and_resumes_a_node(
+    cluster: LocalCluster, people: People, api: PhalanxClient, page: Page
+) -> None:
+    node = cluster.addresses[1]
+    try:
+        sign_in(page, cluster.url, people.admin, "/ui/nodes")
+        row = page.locator(f'[id="node-{node}"]')
+        row.locator("input[name=reason]").fill("swap a fan")
+        row.locator("button.drain").click()
+        expect(row).to_have_attribute("data-state", "drain")
+        expect(row.locator(".reason")).to_have_text("swap a fan")
+        assert next(n for n in api.nodes().nodes if n.name == node).state == "drain"
+        shot(page, "node-drained")
+        row.locator("button.resume").click()
+        expect(row).to_have_attribute("data-state", "up")
+        assert next(n for n in api.nodes().nodes if n.name == node).state == "up"
+    finally:
+        if next(n for n in api.nodes().nodes if n.name == node).state == "drain":
+            api.resume(node)
+
+
+def test_a_plain_user_sees_no_other_teams_job_and_no_admin_action(
+    cluster: LocalCluster,
+    people: People,
+    api: PhalanxClient,
+    context: BrowserContext,
+    page: Page,
+    workdir: Path,
+) -> None:
+    with _as(cluster, people.alice) as alice:
+        job_id = submit(alice, job(workdir, sh("sleep 300"), name="alices"))
+    _running(api, job_id)
+    sign_in(page, cluster.url, people.bob, "/ui/nodes")
+    expect(page.locator("#viewer")).to_have_attribute("data-role", "user")
+    expect(page.locator("i.gpu").first).to_be_visible()
+    expect(page.locator("button.drain")).to_have_count(0)
+    expect(page.locator("button.resume")).to_have_count(0)
+
+    answer = page.goto(f"{cluster.url}/ui/jobs/{job_id}")
+    assert answer is not None and answer.status == 403
+    expect(page.locator("#refusal")).to_contain_text(f"belongs to {people.alice_name}")
+    expect(page.locator("#log")).to_have_count(0)
+    shot(page, "plain-user-refused")
+    page.goto(f"{cluster.url}/ui/jobs")
+    expect(page.locator(f"#job-{job_id}")).to_have_count(0)
+
+    # Forged POSTs with bob's own session and CSRF token: refused, and nothing changes.
+    csrf = page.locator("input[name=csrf]").first.get_attribute("value")
+    assert csrf
+    node = cluster.addresses[0]
+    drained = page.request.post(
+        f"{cluster.url}/ui/nodes/{node}/drain", form={"csrf": csrf, "reason": "mine now"}
+    )
+    assert drained.status == 403
+    cancelled = page.request.post(f"{cluster.url}/ui/jobs/{job_id}/cancel", form={"csrf": csrf})
+    assert cancelled.status == 403
+    no_csrf = page.request.post(f"{cluster.url}/ui/nodes/{node}/drain", form={"reason": "x"})
+    assert no_csrf.status == 403
+    assert next(n for n in api.nodes().nodes if n.name == node).state == "up"
+    assert api.job(job_id).job.state == "R"
