@@ -47,7 +47,7 @@ LIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.PREEMPTED, JobState.
 # No `_created` series beside each counter and histogram: they double the head's series
 # for a start time Prometheus does not need (the head's restart resets them all anyway).
 # prometheus_client keeps this setting per process.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
 
 class HeadMetrics:
