@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
+
+import httpx
 
 from phalanx.local import LocalCluster
 from tests.cli.conftest import invoke, run_cli
@@ -83,3 +86,29 @@ def test_ctrl_c_ends_the_live_view_cleanly(cluster: LocalCluster) -> None:
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
     assert "phalanx top" in out
+
+
+def test_a_scrape_only_token_from_the_cli_scrapes_and_nothing_else(
+    cluster: LocalCluster, admin_env: dict[str, str]
+) -> None:
+    made = invoke("token", "create", "--scope", "metrics", "--description", "prom", env=admin_env)
+    assert made.exit_code == 0, made.stderr
+    token = made.stdout.strip()
+    assert token.startswith("phxm_") and "scrape-only" in made.stderr
+    ca = cluster.ca_file
+    verify = ssl.create_default_context(cafile=str(ca)) if ca is not None else True
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=cluster.url, headers=headers, verify=verify) as scraper:
+        assert scraper.get("/metrics").status_code == 200
+        assert scraper.get("/v1/metrics/gpus").status_code == 200
+        assert scraper.get("/v1/jobs").status_code == 403
+    as_scraper = {**admin_env, "PHALANX_TOKEN": token}
+    refused = run_cli("top", "--once", env=as_scraper)
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert "user's API token" in refused.stderr
+    listed = invoke("token", "list", "--json", env=admin_env)
+    assert any(t["kind"] == "metrics" for t in json.loads(listed.stdout)["tokens"])
+    wrong = invoke("token", "create", "--scope", "metrics", "bob", env=admin_env)
+    assert wrong.exit_code == 2 and "no USER" in wrong.stderr
+    bad = invoke("token", "create", "--scope", "nope", env=admin_env)
+    assert bad.exit_code == 2 and "expected api or metrics" in bad.stderr
