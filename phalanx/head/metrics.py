@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from phalanx.api.models import JobProgress
 from phalanx.core import JobState, JobTransition, NodeState, NodeTransition
+from phalanx.head.gpuscrape import GpuHolders
 from phalanx.head.lifecycle import PREEMPTED_FOR
 from phalanx.head.mirror import Mirror, Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord
@@ -112,6 +113,8 @@ class HeadMetrics:
             registry=r,
         )
         r.register(_Gauges(self))
+        # Who holds each GPU, for the per-GPU series (kept here: `observe` feeds it).
+        self.gpu_holders = GpuHolders(mirror, lock)
         # Job id → when it last entered the queue (a requeue); its submission otherwise.
         self._queued_since: dict[int, float] = {}
         # Job id → the step of the last checkpoint observed (each observed once).
@@ -141,6 +144,7 @@ class HeadMetrics:
     # ------------------------------------------------------------------ feeding
     def observe(self, tx: Tx) -> None:
         """After a commit (on the control thread): count its transitions."""
+        self.gpu_holders.observe(tx)
         if tx.cycle_s is not None:
             self.cycle.observe(tx.cycle_s)
         for move in tx.moves:

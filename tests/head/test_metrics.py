@@ -191,3 +191,51 @@ def test_team_labels_are_capped(loop: tuple[HeadLoop, HeadMetrics]) -> None:
     assert {"default", "t000", "t098", "other"} <= teams and "t099" not in teams
     assert s.get("phalanx_team_quota_gpus", team="other") == 6  # t099 … t104
     assert metrics.qos("custom") == "other"
+
+
+def _holders_from_mirror(hl: HeadLoop) -> dict[str, dict[int, tuple[int, str, str]]]:
+    """Who holds each GPU, computed the slow way from the mirror."""
+    out: dict[str, dict[int, tuple[int, str, str]]] = {}
+    for rec in hl.mirror.jobs.values():
+        if rec.state.holds_gpus:
+            for node, indices in rec.placement:
+                for i in indices:
+                    out.setdefault(node, {})[i] = (rec.id, rec.user, rec.team)
+    return out
+
+
+def test_gpu_holders_follow_every_transition(loop: tuple[HeadLoop, HeadMetrics]) -> None:
+    """The per-GPU scrape's lock-free map of who holds each GPU stays equal to the mirror
+    through starts, preemption, requeue, a node failure, ends, and a mirror reload."""
+    hl, metrics = loop
+    holders = metrics.gpu_holders
+
+    def same() -> None:
+        current = {node: gpus for node, gpus in holders.current().items() if gpus}
+        assert current == _holders_from_mirror(hl)
+
+    hl.join("n1", gpus=2)
+    hl.join("n2", gpus=2)
+    low = [hl.submit(qos="low", gpus_per_node=1) for _ in range(4)]
+    hl.advance(2)
+    same()
+    assert sum(len(g) for g in holders.current().values()) == 4
+    boss = hl.submit(qos="high", preemptible=False, gpus_per_node=2)
+    hl.advance(2)
+    same()
+    for job in low:
+        if hl.state(job) == "PR":
+            hl.exit(job, 0)
+    hl.advance(2)
+    assert hl.state(boss) == "R"
+    same()
+    hl.silence("n1")
+    hl.advance(SETTINGS.lease_s + SETTINGS.requeue_margin_s + 2)
+    same()
+    hl.cancel(boss)
+    hl.advance(2)
+    same()
+    hl.control._reload()  # as after a rolled-back batch: a fresh mirror from the database
+    same()
+    hl.advance(2)
+    same()
