@@ -11,10 +11,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from phalanx.api.models import JobProgress
+from phalanx.head import jobcontrol
 from phalanx.head.control import HeadError
 from phalanx.head.metrics import MAX_TEAM_LABELS, HeadMetrics
 from phalanx.head.mirror import Settings, Tx
-from phalanx.testing.headloop import HeadLoop
+from phalanx.testing.headloop import USER, HeadLoop
 
 SETTINGS = Settings(
     heartbeat_s=1.0,
@@ -142,18 +143,24 @@ def test_node_failure_counts_and_gpus_go_down(loop: tuple[HeadLoop, HeadMetrics]
 
 
 def test_a_rolled_back_batch_counts_nothing(loop: tuple[HeadLoop, HeadMetrics]) -> None:
+    """A transition made by an operation whose batch is rolled back (a bug raised after
+    it) is not counted; the same transition committed later is, once."""
     hl, metrics = loop
-    hl.join("n1")
     job = hl.submit()
 
-    def refused(tx: Tx) -> None:
-        raise HeadError(409, "refused before changing anything")
+    def cancel_then_fail(tx: Tx) -> None:
+        jobcontrol.cancel(hl.mirror, tx, USER, str(job))
+        raise RuntimeError("a bug after the cancel")
 
-    with pytest.raises(HeadError):
-        hl.op(refused)
-    hl.advance(1)
-    assert hl.state(job) == "R"
-    assert Scrape(metrics).get("phalanx_jobs_started_total", team="default", qos="normal") == 1
+    with pytest.raises(HeadError) as refused:
+        hl.op(cancel_then_fail)
+    assert refused.value.status == 500
+    assert hl.state(job) == "PD"  # rolled back: the mirror was rebuilt from the database
+    labels = {"team": "default", "qos": "normal", "state": "cancelled"}
+    assert Scrape(metrics).get("phalanx_jobs_ended_total", **labels) == 0
+    hl.cancel(job)
+    assert hl.state(job) == "CA"
+    assert Scrape(metrics).get("phalanx_jobs_ended_total", **labels) == 1
 
 
 def test_checkpoints_are_observed_once_each(loop: tuple[HeadLoop, HeadMetrics]) -> None:
