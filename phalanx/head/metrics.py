@@ -117,8 +117,8 @@ class HeadMetrics:
         self.gpu_holders = GpuHolders(mirror, lock)
         # Job id → when it last entered the queue (a requeue); its submission otherwise.
         self._queued_since: dict[int, float] = {}
-        # Job id → the step of the last checkpoint observed (each observed once).
-        self._checkpoint_step: dict[int, int] = {}
+        # Job id → (epoch, step) of the last checkpoint observed (each observed once).
+        self._checkpoint_step: dict[int, tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ labels
     def team(self, name: str) -> str:
@@ -183,9 +183,10 @@ class HeadMetrics:
         if report.checkpoint_s is None:
             return
         step = report.checkpoint_step if report.checkpoint_step is not None else report.step
-        if self._checkpoint_step.get(rec.id) == step:
+        seen = (rec.epoch, step)  # a run after a requeue may save the same step again
+        if self._checkpoint_step.get(rec.id) == seen:
             return
-        self._checkpoint_step[rec.id] = step
+        self._checkpoint_step[rec.id] = seen
         self.checkpoint.labels(*self._labels(rec)).observe(report.checkpoint_s)
 
     # ------------------------------------------------------------------ scrape

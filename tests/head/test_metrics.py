@@ -182,6 +182,15 @@ def test_checkpoints_are_observed_once_each(loop: tuple[HeadLoop, HeadMetrics]) 
     labels = {"team": "default", "qos": "normal"}
     assert s.get("phalanx_job_checkpoint_duration_seconds_count", **labels) == 2
     assert s.get("phalanx_job_checkpoint_duration_seconds_sum", **labels) == 5.0
+    # Requeued, its next run saves step 10 again: a new checkpoint, observed.
+    hl.op(lambda tx: jobcontrol.requeue(hl.mirror, tx, USER, str(job)))
+    hl.advance(3)
+    rec = hl.mirror.jobs[job]
+    assert rec.state.value == "R" and rec.epoch == 2
+    again = JobProgress(rank=0, step=10, time=now, checkpoint_s=2.0, checkpoint_step=10)
+    metrics.progress(rec, again)
+    metrics.progress(rec, again)
+    assert Scrape(metrics).get("phalanx_job_checkpoint_duration_seconds_count", **labels) == 3
 
 
 def test_team_labels_are_capped(loop: tuple[HeadLoop, HeadMetrics]) -> None:
