@@ -128,3 +128,38 @@ def test_a_scrape_only_token_from_the_cli_scrapes_and_nothing_else(
     assert wrong.exit_code == 2 and "no USER" in wrong.stderr
     bad = invoke("token", "create", "--scope", "nope", env=admin_env)
     assert bad.exit_code == 2 and "expected api or metrics" in bad.stderr
+
+
+def test_a_failed_refresh_keeps_the_frame_and_says_why() -> None:
+    from rich.console import Console
+
+    from phalanx.api.models import GpuInfo, GpuTelemetry, NodeInfo
+    from phalanx.cli.top import Frame, gpu_cell, render
+
+    node = NodeInfo(
+        name="gpu-01",
+        address="10.0.0.1",
+        agent_url="https://10.0.0.1:9000",
+        state="up",
+        reason=None,
+        cpus=8,
+        memory_mb=1024,
+        gpus=[GpuInfo(index=i, uuid=f"GPU-{i}", model="H100", memory_mb=81920) for i in range(3)],
+        gpus_used=1,
+        labels={},
+        last_heartbeat=None,
+        heartbeat_age_s=None,
+        jobs=[4],
+        gpu_telemetry=[
+            GpuTelemetry(index=0, utilization_pct=100.0, memory_used_mb=1024),
+            GpuTelemetry(index=1, utilization_pct=0.0, memory_used_mb=0),
+        ],
+    )
+    frame = Frame(nodes=[node], jobs=[], at=time.time(), more_jobs=False)
+    console = Console(width=200, no_color=True, record=True)
+    console.print(render(frame, 10, "cannot reach head at https://h:1 (retrying)"))
+    text = console.export_text()
+    assert "cannot reach head at https://h:1 (retrying)" in text
+    assert "█·?" in text  # busy, idle, never read
+    assert "GPUs 1/3 allocated, mean utilisation 50%" in text
+    assert gpu_cell(None) == ("?", "dim") and gpu_cell(250.0)[0] == "█"
