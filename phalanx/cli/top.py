@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from phalanx.cli.connect import HeadOpt, TokenOpt, connect
-from phalanx.cli.output import console, fail
+from phalanx.cli.output import console
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -176,28 +176,39 @@ def top(
 ) -> None:
     """A live view of nodes, their GPUs (a bar per GPU: its utilisation) and the jobs you
     may see, refreshed every --interval seconds until Ctrl-C (like top/nvtop)."""
+    try:
+        _run(once, interval, user, team, rows, limit, head, token)
+    except KeyboardInterrupt:  # Ctrl-C, whenever it comes: the view ends, no traceback
+        return
+
+
+def _run(
+    once: bool,
+    interval: float,
+    user: str | None,
+    team: str | None,
+    rows: int,
+    limit: int,
+    head: str | None,
+    token: str | None,
+) -> None:
     from phalanx.client.api import ApiError
 
     out = console()
-    with connect(head, token) as client:
+    with connect(head, token) as client:  # errors of the first fetch exit 2 (one line)
+        frame = fetch(client, user, team, limit)
         if once:
-            out.print(render(fetch(client, user, team, limit), rows))
+            out.print(render(frame, rows))
             return
         from rich.live import Live
 
-        try:
-            frame = fetch(client, user, team, limit)  # the first: errors exit (connect)
-            with Live(render(frame, rows), console=out, auto_refresh=False) as live:
-                while True:
-                    time.sleep(interval)
-                    try:
-                        frame = fetch(client, user, team, limit)
-                        live.update(render(frame, rows), refresh=True)
-                    except ApiError as exc:  # keep the last frame; say why it is stale
-                        shown = time.strftime("%H:%M:%S", time.localtime(frame.at))
-                        problem = f"{exc} (showing the frame of {shown}; retrying)"
-                        live.update(render(frame, rows, problem), refresh=True)
-        except KeyboardInterrupt:
-            return
-        except ApiError as exc:
-            fail(str(exc))
+        with Live(render(frame, rows), console=out, auto_refresh=False) as live:
+            while True:
+                time.sleep(interval)
+                try:
+                    frame = fetch(client, user, team, limit)
+                    live.update(render(frame, rows), refresh=True)
+                except ApiError as exc:  # keep the last frame; say why it is stale
+                    shown = time.strftime("%H:%M:%S", time.localtime(frame.at))
+                    problem = f"{exc} (showing the frame of {shown}; retrying)"
+                    live.update(render(frame, rows, problem), refresh=True)

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from phalanx.api.models import JobProgress
 from phalanx.core import JobState, JobTransition, NodeState, NodeTransition
+from phalanx.head.gpuscrape import GpuHolders
 from phalanx.head.lifecycle import PREEMPTED_FOR
 from phalanx.head.mirror import Mirror, Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord
@@ -47,7 +48,7 @@ LIVE_STATES = (JobState.PENDING, JobState.RUNNING, JobState.PREEMPTED, JobState.
 # No `_created` series beside each counter and histogram: they double the head's series
 # for a start time Prometheus does not need (the head's restart resets them all anyway).
 # prometheus_client keeps this setting per process.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client
 
 
 class HeadMetrics:
@@ -112,10 +113,12 @@ class HeadMetrics:
             registry=r,
         )
         r.register(_Gauges(self))
+        # Who holds each GPU, for the per-GPU series (kept here: `observe` feeds it).
+        self.gpu_holders = GpuHolders(mirror, lock)
         # Job id → when it last entered the queue (a requeue); its submission otherwise.
         self._queued_since: dict[int, float] = {}
-        # Job id → the step of the last checkpoint observed (each observed once).
-        self._checkpoint_step: dict[int, int] = {}
+        # Job id → (epoch, step) of the last checkpoint observed (each observed once).
+        self._checkpoint_step: dict[int, tuple[int, int]] = {}
 
     # ------------------------------------------------------------------ labels
     def team(self, name: str) -> str:
@@ -141,6 +144,7 @@ class HeadMetrics:
     # ------------------------------------------------------------------ feeding
     def observe(self, tx: Tx) -> None:
         """After a commit (on the control thread): count its transitions."""
+        self.gpu_holders.observe(tx)
         if tx.cycle_s is not None:
             self.cycle.observe(tx.cycle_s)
         for move in tx.moves:
@@ -179,9 +183,10 @@ class HeadMetrics:
         if report.checkpoint_s is None:
             return
         step = report.checkpoint_step if report.checkpoint_step is not None else report.step
-        if self._checkpoint_step.get(rec.id) == step:
+        seen = (rec.epoch, step)  # a run after a requeue may save the same step again
+        if self._checkpoint_step.get(rec.id) == seen:
             return
-        self._checkpoint_step[rec.id] = step
+        self._checkpoint_step[rec.id] = seen
         self.checkpoint.labels(*self._labels(rec)).observe(report.checkpoint_s)
 
     # ------------------------------------------------------------------ scrape

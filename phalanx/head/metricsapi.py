@@ -97,7 +97,7 @@ def router() -> APIRouter:
 
         def build() -> bytes:
             rows = gpuscrape.gpu_rows(
-                head.mirror, head.control.lock, head.samples, head.now(), shard, of
+                head.mirror, head.metrics.gpu_holders, head.samples, head.now(), shard, of
             )
             return gpumetrics.render(rows, labels).encode()
 

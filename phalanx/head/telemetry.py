@@ -71,6 +71,11 @@ class GpuSamples:
         with self._lock:
             return self._latest.get(node)
 
+    def latest_all(self) -> dict[str, Reading]:
+        """Every node's latest Reading (a copy: one lock for a whole scrape)."""
+        with self._lock:
+            return dict(self._latest)
+
     def of_job(
         self,
         placement: list[tuple[str, list[int]]],

@@ -5,7 +5,8 @@ PHALANX_TOKEN all set) each node's local rank 0 POSTs
 
     {PHALANX_HEAD}/v1/jobs/{PHALANX_JOB_ID}/progress
     {"rank": int, "step": int, "loss": float|null, "tokens_per_s": float|null,
-     "mfu": float|null, "time": unix seconds}
+     "mfu": float|null, "time": unix seconds,
+     "checkpoint_s": float, "checkpoint_step": int}   (the last two once a checkpoint was saved)
 
 from a background thread, so a slow or absent head never slows or stops training: the
 queue is short and full means the report is dropped, and the first failure is logged
@@ -57,6 +58,19 @@ class Progress:
     tokens_per_s: float | None
     mfu: float | None
     time: float
+    # The last checkpoint: how long its save held training (seconds) and its step; sent
+    # only when set (the head observes each checkpoint once: phalanx_job_checkpoint_…).
+    checkpoint_s: float | None = None
+    checkpoint_step: int | None = None
+
+
+def body(p: Progress) -> dict[str, Any]:
+    """The JSON body of a report (the checkpoint fields only when set)."""
+    out = asdict(p)
+    for key in ("checkpoint_s", "checkpoint_step"):
+        if out[key] is None:
+            del out[key]
+    return out
 
 
 def progress_line(p: Progress, step_time_s: float | None, tflops: float | None) -> str:
@@ -137,7 +151,7 @@ class Reporter:
             return
         with httpx.Client(timeout=self._timeout, verify=verify) as client:
             while (item := self._queue.get()) is not None:
-                self._post(client, headers, asdict(item))
+                self._post(client, headers, body(item))
 
     def _post(self, client: httpx.Client, headers: dict[str, str], body: dict[str, Any]) -> None:
         import httpx

@@ -232,6 +232,8 @@ class Trainer:
         )
         self.result = TrainResult(start_step=0, final_step=0)
         self._last_loss: torch.Tensor | None = None
+        # The last checkpoint saved: (step, seconds its save held training), for reports.
+        self._last_checkpoint: tuple[int, float] | None = None
 
     # ------------------------------------------------------------------ loop
     def resume(self) -> int:
@@ -342,6 +344,8 @@ class Trainer:
             tokens_per_s=stats.tokens_per_s if stats else None,
             mfu=stats.mfu if stats else None,
             time=time.time(),
+            checkpoint_step=None if self._last_checkpoint is None else self._last_checkpoint[0],
+            checkpoint_s=None if self._last_checkpoint is None else self._last_checkpoint[1],
         )
         self.reporter.report(
             progress,
@@ -353,7 +357,10 @@ class Trainer:
         """Checkpoint the current step now (no-op without a checkpoint directory)."""
         if self.checkpointer is None:
             return
+        failures = self.checkpointer.failures
         self.checkpointer.save(self.current_step, self.state)
+        if self.checkpointer.failures == failures:
+            self._last_checkpoint = (self.current_step, self.checkpointer.last_blocking_s)
         self.result.checkpoint_failures = self.checkpointer.failures
         self.meter.restart()  # a blocking save is not part of step time
 

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from phalanx.client.api import PhalanxClient
 from phalanx.local import LocalCluster
-from tests.e2e.helpers import job, sh, submit, wait_for, wait_state
+from tests.e2e.helpers import final_log, job, py, sh, submit, wait_for, wait_state
 
 Sample = tuple[str, dict[str, str], float]
 
@@ -139,3 +139,59 @@ def _head_scrape(
     head = {(s[0], tuple(sorted(s[1].items()))): s[2] for s in samples(api.metrics_text())}
     assert head[("phalanx_gpus", (("state", "allocated"),))] == 2
     assert head[("phalanx_gpus", (("state", "idle"),))] == 2
+
+
+REPORTER = (
+    "from phalanx.train.report import Progress, Reporter\n"
+    "import time\n"
+    "r = Reporter(0, 0, printer=print)\n"
+    "for step in (5, 6):\n"
+    "    r.report(Progress(rank=0, step=step, loss=1.0, tokens_per_s=None, mfu=None,\n"
+    "                      time=time.time(), checkpoint_s=2.5, checkpoint_step=5))\n"
+    "r.close()\n"
+    "time.sleep(300)\n"
+)
+
+
+def test_a_jobs_checkpoint_report_reaches_the_heads_histogram(
+    mapped: tuple[LocalCluster, Path, str], tmp_path: Path
+) -> None:
+    cluster, _maps, _token = mapped
+    with cluster.client() as api:
+        job_id = submit(api, job(tmp_path.resolve(), py(REPORTER)))
+        info = wait_state(api, job_id, "R")
+        labels = (("qos", info.qos), ("team", info.team))
+
+        def last_step() -> int | None:
+            progress = api.job(job_id).progress
+            return progress[0].step if progress and progress[0].step == 6 else None
+
+        wait_for("both reports", last_step)  # both name the same checkpoint (step 5)
+        found = {(s[0], tuple(sorted(s[1].items()))): s[2] for s in samples(api.metrics_text())}
+        assert found[("phalanx_job_checkpoint_duration_seconds_count", labels)] == 1
+        assert found[("phalanx_job_checkpoint_duration_seconds_sum", labels)] == 2.5
+        api.cancel(job_id)
+        wait_state(api, job_id, "CA")
+
+
+STEP_TOKEN_SCRAPE = (
+    "import os, ssl, httpx\n"
+    "pem = os.environ.get('PHALANX_CA_PEM')\n"
+    "verify = ssl.create_default_context(cadata=pem) if pem else True\n"
+    "url = os.environ['PHALANX_AGENT_URLS'].split(',')[0]\n"
+    "token = os.environ['PHALANX_STEP_TOKEN']\n"
+    "r = httpx.get(url + '/metrics', headers={'Authorization': 'Bearer ' + token}, verify=verify)\n"
+    "print('status', r.status_code)\n"
+)
+
+
+def test_a_jobs_step_token_cannot_scrape_its_agent(
+    mapped: tuple[LocalCluster, Path, str], tmp_path: Path
+) -> None:
+    """The per-GPU series name every job's user and team: a job's own credential, which
+    opens its srun steps on that agent, does not open /metrics."""
+    cluster, _maps, _token = mapped
+    with cluster.client() as api:
+        job_id = submit(api, job(tmp_path.resolve(), py(STEP_TOKEN_SCRAPE)))
+        wait_state(api, job_id, ["CD"])
+        assert "status 401" in final_log(api, job_id)

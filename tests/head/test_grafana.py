@@ -44,7 +44,8 @@ def real_series(tmp_path: Path) -> tuple[set[str], set[str]]:
     finally:
         loop.close()
     texts.append(render([GpuRow("n1", 0, "GPU-0", 80, 50.0, 40, 50.0, 300.0, 1.0, 7, "u", "t")]))
-    names, labels = set(), set()
+    names: set[str] = set()
+    labels: set[str] = set()
     for text in texts:
         for family in text_string_to_metric_families(text):
             names.update(family.name + s for s in SUFFIXES.get(family.type, ("",)))

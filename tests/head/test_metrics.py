@@ -11,10 +11,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from phalanx.api.models import JobProgress
+from phalanx.head import jobcontrol
 from phalanx.head.control import HeadError
 from phalanx.head.metrics import MAX_TEAM_LABELS, HeadMetrics
 from phalanx.head.mirror import Settings, Tx
-from phalanx.testing.headloop import HeadLoop
+from phalanx.testing.headloop import USER, HeadLoop
 
 SETTINGS = Settings(
     heartbeat_s=1.0,
@@ -142,18 +143,24 @@ def test_node_failure_counts_and_gpus_go_down(loop: tuple[HeadLoop, HeadMetrics]
 
 
 def test_a_rolled_back_batch_counts_nothing(loop: tuple[HeadLoop, HeadMetrics]) -> None:
+    """A transition made by an operation whose batch is rolled back (a bug raised after
+    it) is not counted; the same transition committed later is, once."""
     hl, metrics = loop
-    hl.join("n1")
     job = hl.submit()
 
-    def refused(tx: Tx) -> None:
-        raise HeadError(409, "refused before changing anything")
+    def cancel_then_fail(tx: Tx) -> None:
+        jobcontrol.cancel(hl.mirror, tx, USER, str(job))
+        raise RuntimeError("a bug after the cancel")
 
-    with pytest.raises(HeadError):
-        hl.op(refused)
-    hl.advance(1)
-    assert hl.state(job) == "R"
-    assert Scrape(metrics).get("phalanx_jobs_started_total", team="default", qos="normal") == 1
+    with pytest.raises(HeadError) as refused:
+        hl.op(cancel_then_fail)
+    assert refused.value.status == 500
+    assert hl.state(job) == "PD"  # rolled back: the mirror was rebuilt from the database
+    labels = {"team": "default", "qos": "normal", "state": "cancelled"}
+    assert Scrape(metrics).get("phalanx_jobs_ended_total", **labels) == 0
+    hl.cancel(job)
+    assert hl.state(job) == "CA"
+    assert Scrape(metrics).get("phalanx_jobs_ended_total", **labels) == 1
 
 
 def test_checkpoints_are_observed_once_each(loop: tuple[HeadLoop, HeadMetrics]) -> None:
@@ -175,6 +182,15 @@ def test_checkpoints_are_observed_once_each(loop: tuple[HeadLoop, HeadMetrics]) 
     labels = {"team": "default", "qos": "normal"}
     assert s.get("phalanx_job_checkpoint_duration_seconds_count", **labels) == 2
     assert s.get("phalanx_job_checkpoint_duration_seconds_sum", **labels) == 5.0
+    # Requeued, its next run saves step 10 again: a new checkpoint, observed.
+    hl.op(lambda tx: jobcontrol.requeue(hl.mirror, tx, USER, str(job)))
+    hl.advance(3)
+    rec = hl.mirror.jobs[job]
+    assert rec.state.value == "R" and rec.epoch == 2
+    again = JobProgress(rank=0, step=10, time=now, checkpoint_s=2.0, checkpoint_step=10)
+    metrics.progress(rec, again)
+    metrics.progress(rec, again)
+    assert Scrape(metrics).get("phalanx_job_checkpoint_duration_seconds_count", **labels) == 3
 
 
 def test_team_labels_are_capped(loop: tuple[HeadLoop, HeadMetrics]) -> None:
@@ -191,3 +207,51 @@ def test_team_labels_are_capped(loop: tuple[HeadLoop, HeadMetrics]) -> None:
     assert {"default", "t000", "t098", "other"} <= teams and "t099" not in teams
     assert s.get("phalanx_team_quota_gpus", team="other") == 6  # t099 … t104
     assert metrics.qos("custom") == "other"
+
+
+def _holders_from_mirror(hl: HeadLoop) -> dict[str, dict[int, tuple[int, str, str]]]:
+    """Who holds each GPU, computed the slow way from the mirror."""
+    out: dict[str, dict[int, tuple[int, str, str]]] = {}
+    for rec in hl.mirror.jobs.values():
+        if rec.state.holds_gpus:
+            for node, indices in rec.placement:
+                for i in indices:
+                    out.setdefault(node, {})[i] = (rec.id, rec.user, rec.team)
+    return out
+
+
+def test_gpu_holders_follow_every_transition(loop: tuple[HeadLoop, HeadMetrics]) -> None:
+    """The per-GPU scrape's lock-free map of who holds each GPU stays equal to the mirror
+    through starts, preemption, requeue, a node failure, ends, and a mirror reload."""
+    hl, metrics = loop
+    holders = metrics.gpu_holders
+
+    def same() -> None:
+        current = {node: gpus for node, gpus in holders.current().items() if gpus}
+        assert current == _holders_from_mirror(hl)
+
+    hl.join("n1", gpus=2)
+    hl.join("n2", gpus=2)
+    low = [hl.submit(qos="low", gpus_per_node=1) for _ in range(4)]
+    hl.advance(2)
+    same()
+    assert sum(len(g) for g in holders.current().values()) == 4
+    boss = hl.submit(qos="high", preemptible=False, gpus_per_node=2)
+    hl.advance(2)
+    same()
+    for job in low:
+        if hl.state(job) == "PR":
+            hl.exit(job, 0)
+    hl.advance(2)
+    assert hl.state(boss) == "R"
+    same()
+    hl.silence("n1")
+    hl.advance(SETTINGS.lease_s + SETTINGS.requeue_margin_s + 2)
+    same()
+    hl.cancel(boss)
+    hl.advance(2)
+    same()
+    hl.control._reload()  # as after a rolled-back batch: a fresh mirror from the database
+    same()
+    hl.advance(2)
+    same()
