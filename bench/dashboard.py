@@ -261,19 +261,23 @@ def live(runs: int) -> dict[str, object]:
         stop = threading.Event()
 
         def follow() -> None:
-            with (
-                signed_in(c.url, token) as client,
-                client.stream("GET", "/ui/live/jobs?per=20", timeout=None) as s,
-            ):
-                buf: list[str] = []
-                for line in s.iter_lines():
-                    if stop.is_set():
-                        return
-                    if line.startswith("data: "):
-                        buf.append(line[6:])
-                    elif line == "" and buf:
-                        seen.put(("\n".join(buf), time.perf_counter()))
-                        buf = []
+            try:
+                with (
+                    signed_in(c.url, token) as client,
+                    client.stream("GET", "/ui/live/jobs?per=20", timeout=None) as s,
+                ):
+                    buf: list[str] = []
+                    for line in s.iter_lines():
+                        if stop.is_set():
+                            return
+                        if line.startswith("data: "):
+                            buf.append(line[6:])
+                        elif line == "" and buf:
+                            seen.put(("\n".join(buf), time.perf_counter()))
+                            buf = []
+            except httpx.HTTPError:
+                if not stop.is_set():  # the cluster stopping ends the stream; else a failure
+                    raise
 
         reader = threading.Thread(target=follow, daemon=True)
         reader.start()

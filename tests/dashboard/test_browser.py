@@ -90,6 +90,9 @@ def test_a_jobs_log_follows_live_and_the_job_is_cancelled_from_its_page(
     expect(log).to_contain_text("printed-after-the-page-opened")
     assert page.evaluate("window.__notReloaded") is True
     expect(page.locator("#job-state")).to_have_text("R")
+    # The GPU utilisation chart (uPlot) draws the job's GPU once a reading arrives.
+    expect(page.locator("#gpu-chart canvas")).to_have_count(1)
+    expect(page.locator("#gpu-chart .u-legend")).to_contain_text(":0")
     shot(page, "job-page")
 
     page.click("#cancel")
@@ -115,6 +118,11 @@ def test_an_admin_drains_and_resumes_a_node(
         row.locator("button.resume").click()
         expect(row).to_have_attribute("data-state", "up")
         assert next(n for n in api.nodes().nodes if n.name == node).state == "up"
+        # Both are health events, newest first, filterable by node.
+        page.goto(f"{cluster.url}/ui/health?node={node}")
+        rows = page.locator("table.events tbody tr")
+        expect(rows.first).to_have_class("ev-resume")
+        expect(page.locator("tr.ev-drain").first).to_contain_text("swap a fan")
     finally:
         if next(n for n in api.nodes().nodes if n.name == node).state == "drain":
             api.resume(node)

@@ -21,6 +21,9 @@ BUSY_PCT = 5.0  # at or above: busy; below: idle
 
 @dataclass(frozen=True, slots=True)
 class GpuCell:
+    """One GPU of the grid (grid.cells_html draws it): its latest reading, if fresh, and
+    the job and user holding it."""
+
     node: str
     index: int
     model: str
@@ -30,32 +33,6 @@ class GpuCell:
     job_id: int | None
     user: str | None
     node_state: str
-
-    @property
-    def level(self) -> str:
-        """The cell's colour class: `down`, `nodata`, or `u0`…`u10` (tenths of busy)."""
-        if self.node_state == "down":
-            return "down"
-        if self.utilization_pct is None:
-            return "nodata"
-        return f"u{round(min(100.0, max(0.0, self.utilization_pct)) / 10)}"
-
-    @property
-    def busy(self) -> bool:
-        return self.utilization_pct is not None and self.utilization_pct >= BUSY_PCT
-
-    @property
-    def title(self) -> str:
-        """The hover text: where, how busy, and whose job holds it."""
-        util = "no reading" if self.utilization_pct is None else f"{self.utilization_pct:.0f}%"
-        text = f"{self.node} GPU {self.index} · {util}"
-        if self.memory_used_mb is not None:
-            text += f" · {self.memory_used_mb}/{self.memory_mb} MiB"
-        if self.job_id is not None:
-            text += f" · job {self.job_id} ({self.user})"
-        else:
-            text += " · free"
-        return text
 
 
 @dataclass(frozen=True, slots=True)
