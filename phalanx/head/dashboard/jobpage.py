@@ -128,8 +128,10 @@ def job_log(
     rec = head.private_job_record(seen.who, job_id)  # 403/404 before the stream starts
     resume = request.headers.get("last-event-id", "")
     start = int(resume) if resume.isdigit() and len(resume) < 19 else None
+    feed: live.ChangeFeed = request.app.state.dashboard_feed
+    feed.admit()
     return StreamingResponse(
-        _follow(request, head, seen, rec.id, rank, log, start),
+        feed.counted(_follow(request, head, seen, rec.id, rank, log, start)),
         media_type="text/event-stream",
         headers=live.SSE_HEADERS,
     )

@@ -51,6 +51,7 @@ def stream(request: Request, event: str, build: Callable[[], str]) -> StreamingR
     async def rendered() -> str:
         return await asyncio.to_thread(build)
 
+    feed.admit()
     return StreamingResponse(
         live.fragments(request, feed, event, rendered),
         media_type="text/event-stream",
