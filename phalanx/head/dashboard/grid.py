@@ -3,46 +3,47 @@ template loop renders several times slower than this join (bench/dashboard.py)."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from html import escape
 
 from markupsafe import Markup
 
-from phalanx.head.dashboard.cluster import BUSY_PCT, GpuCell
+from phalanx.head.dashboard.cluster import BUSY_PCT, NodeRow
 
 
-def cells_html(cells: Sequence[GpuCell]) -> Markup:
-    """One `<i class="gpu …">` per GPU (one node's): its utilisation level as the class
-    (GpuCell.level), whether it is busy, the job holding it, and the hover text
-    (GpuCell.title); computed inline, the node's and each user's name escaped once."""
-    if not cells:
-        return Markup("")
-    node = escape(cells[0].node)
+def cells_html(row: NodeRow) -> Markup:
+    """One `<i class="gpu …">` per GPU of the node: its utilisation level as the class
+    (`u0`…`u10` in tenths, `nodata` without a fresh reading, `down`), whether it is busy,
+    the job holding it, and the hover text (where, how busy, whose job)."""
+    node = escape(row.name)
+    down = row.state == "down"
     users: dict[str, str] = {}
     out = []
-    for c in cells:
-        util = c.utilization_pct
-        if c.node_state == "down":
-            level, shown = "down", "no reading" if util is None else f"{util:.0f}%"
+    for gpu in row.gpus:
+        sample = row.readings.get(gpu.index)
+        util = None if sample is None else sample.utilization_pct
+        shown = "no reading" if util is None else f"{util:.0f}%"
+        if down:
+            level = "down"
         elif util is None:
-            level, shown = "nodata", "no reading"
+            level = "nodata"
         else:
-            level, shown = f"u{round(min(100.0, max(0.0, util)) / 10)}", f"{util:.0f}%"
-        title = f"{node} GPU {c.index} · {shown}"
-        if c.memory_used_mb is not None:
-            title += f" · {c.memory_used_mb}/{c.memory_mb} MiB"
+            level = f"u{round(min(100.0, max(0.0, util)) / 10)}"
+        title = f"{node} GPU {gpu.index} · {shown}"
+        if sample is not None and sample.memory_used_mb is not None:
+            title += f" · {sample.memory_used_mb}/{gpu.memory_mb} MiB"
         busy = "1" if util is not None and util >= BUSY_PCT else "0"
-        if c.job_id is None:
+        holder = row.holders.get(gpu.index)
+        if holder is None:
             out.append(
-                f'<i class="gpu {level}" data-gpu="{node}:{c.index}" data-busy="{busy}"'
+                f'<i class="gpu {level}" data-gpu="{node}:{gpu.index}" data-busy="{busy}"'
                 f' title="{title} · free"></i>'
             )
             continue
-        user = c.user or "?"
+        job_id, user = holder
         if user not in users:
             users[user] = escape(user)
         out.append(
-            f'<i class="gpu {level} held" data-gpu="{node}:{c.index}" data-busy="{busy}"'
-            f' data-job="{c.job_id}" title="{title} · job {c.job_id} ({users[user]})"></i>'
+            f'<i class="gpu {level} held" data-gpu="{node}:{gpu.index}" data-busy="{busy}"'
+            f' data-job="{job_id}" title="{title} · job {job_id} ({users[user]})"></i>'
         )
     return Markup("".join(out))
