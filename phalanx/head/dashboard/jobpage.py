@@ -20,7 +20,7 @@ from phalanx.head.control import HeadError
 from phalanx.head.dashboard import live, series
 from phalanx.head.dashboard.pages import base, stream
 from phalanx.head.dashboard.render import HEADERS, page, render
-from phalanx.head.dashboard.session import Acting, Seen, Viewer, head_of
+from phalanx.head.dashboard.session import Acting, Seen, Viewer, head_of, still_signed_in
 from phalanx.head.records import JobRecord, NodeRecord
 from phalanx.head.service import Head
 
@@ -151,6 +151,10 @@ async def _follow(
     waiting_said = False
     node: NodeRecord | None = None
     while not await request.is_disconnected():
+        if not still_signed_in(request):
+            yield live.message("log", "\n[your session ended: sign in again]\n")
+            yield live.message("eof", "")
+            return
         try:
             if node is None:
                 node = head.log_source(head.job_record(seen.who, job_id), rank)

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from fastapi import HTTPException, Request
 
 from phalanx.head.control import ControlThread
+from phalanx.head.dashboard.session import still_signed_in
 
 POLL_S = 0.1
 MIN_GAP_S = 0.25
@@ -29,6 +30,7 @@ MIN_GAP_S = 0.25
 GAP_FACTOR = 10
 KEEPALIVE_S = 15.0  # a comment line so proxies and browsers keep the stream open
 RETRY_MS = 2000  # how soon a browser reconnects a dropped stream
+SIGNED_OUT = '<p class="error">Your session ended: <a href="/ui/login">sign in again</a>.</p>'
 # Open streams per head (pages and log tails together); past it a new one gets 503 and
 # its browser retries RETRY_MS later. Each costs a task and, while it changes, renders.
 MAX_STREAMS = 512
@@ -127,6 +129,10 @@ async def _fragments(
     while not await request.is_disconnected():
         version = feed.version
         if version != seen:
+            if not still_signed_in(request):
+                yield message(event, SIGNED_OUT)
+                yield message("signed-out", "")
+                return
             seen = version
             started = time.perf_counter()
             html = await render()
