@@ -136,6 +136,7 @@ def populate(head: Head, nodes: int, active: int, historical: int) -> None:
                 node = f"gpu{k:04d}"
                 rec.placement = [(node, list(range(GPUS)))]
                 mirror.node_jobs.setdefault(node, set()).add(job_id)
+            rec.in_core = True  # queued (and running) jobs are in the scheduler's state
             mirror.jobs[job_id] = rec
         mirror.next_job_id = historical + active + 1
 

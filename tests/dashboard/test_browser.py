@@ -5,6 +5,7 @@ see or do. Screenshots land in test-artifacts/dashboard/."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from playwright.sync_api import BrowserContext, Page, expect
@@ -167,3 +168,36 @@ def test_a_plain_user_sees_no_other_teams_job_and_no_admin_action(
     assert no_csrf.status == 403
     assert next(n for n in api.nodes().nodes if n.name == node).state == "up"
     assert api.job(job_id).job.state == "R"
+
+
+def test_the_queue_pages_through_the_schedulers_order_with_an_estimated_start(
+    cluster: LocalCluster, people: People, api: PhalanxClient, page: Page, workdir: Path
+) -> None:
+    """Every GPU busy with a job limited to an hour: the next job has a reservation (its
+    estimated start: when that job's limit ends), the others wait behind it, in order."""
+    blocker = submit(
+        api, job(workdir, sh("sleep 300"), name="blocker", nodes=2, gpus_per_node=2,
+                 time_limit_s=3600)
+    )  # fmt: skip
+    _running(api, blocker)
+    with _as(cluster, people.alice) as alice:
+        queued = [submit(alice, job(workdir, sh("true"), name=f"q{i}")) for i in range(5)]
+    ends = api.job(blocker).job.start_time
+    assert ends is not None
+    sign_in(page, cluster.url, people.alice, "/ui/queue?per=2")
+    seen: list[tuple[str, int]] = []
+    for expected_page in (1, 2, 3):
+        expect(page.locator(".pager span")).to_have_text(f"page {expected_page} of 3")
+        for row in page.locator("table.queue tbody tr").all():
+            rank = row.locator("td").nth(0).text_content() or ""
+            seen.append((rank, int((row.get_attribute("id") or "-0").split("-")[1])))
+        if expected_page < 3:
+            page.click("a[rel=next]")
+    assert seen == [(str(rank), job_id) for rank, job_id in enumerate(queued, start=1)]
+    page.goto(f"{cluster.url}/ui/queue")
+    first = page.locator(f"#queued-{queued[0]}")
+    expect(first).to_contain_text("Resources")
+    stamp = time.strftime("%Y-%m-%d %H:%M", time.gmtime(ends + 3600))
+    expect(first.locator("td").last).to_contain_text(stamp)
+    expect(page.locator(f"#queued-{queued[1]} td").last).to_have_text("after the jobs ahead")
+    shot(page, "queue")

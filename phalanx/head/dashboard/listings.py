@@ -230,30 +230,37 @@ def queue_page(head: Head, who: Principal, page: int, per: int) -> QueuePage:
         mirror = head.mirror
         core = mirror.core
         reservation = mirror.decisions.reservation if mirror.decisions is not None else None
-        ordered: list[tuple[int | None, JobRecord]] = []
-        seen: set[int] = set()
+        # The eligible ones (in the scheduler's queues) and the rest, both as `who` sees
+        # them; the scheduler's order is walked only as far as this page reaches.
+        eligible: set[int] = set()
         if core is not None:
-            for place, job in enumerate(queue_order(core, now), start=1):
-                seen.add(job.id)
-                rec = mirror.jobs.get(job.id)
-                if rec is not None and visible(who, rec.user, rec.team):
-                    ordered.append((place, rec))
-        rest = sorted(
-            (
-                rec
-                for rec in mirror.jobs.values()
-                if rec.state is JobState.PENDING
-                and rec.id not in seen
-                and visible(who, rec.user, rec.team)
-            ),
-            key=lambda r: r.id,
-        )
-        ordered.extend((None, rec) for rec in rest)
-        total = len(ordered)
+            for queue in core.queues.values():
+                eligible.update(int(key[-1]) for key, _ in queue)
+        shown_eligible = 0
+        rest: list[JobRecord] = []
+        for rec in mirror.jobs.values():
+            if rec.state is JobState.PENDING and visible(who, rec.user, rec.team):
+                if rec.id in eligible:
+                    shown_eligible += 1
+                else:
+                    rest.append(rec)
+        total = shown_eligible + len(rest)
         pages = max(1, -(-total // per))
         page = min(page, pages)
+        first, last = (page - 1) * per, page * per
+        walked: list[tuple[int | None, JobRecord]] = []
+        if core is not None and first < shown_eligible:
+            for place, job in enumerate(queue_order(core, now), start=1):
+                queued = mirror.jobs.get(job.id)
+                if queued is not None and visible(who, queued.user, queued.team):
+                    walked.append((place, queued))
+                    if len(walked) >= last:
+                        break
+        rest.sort(key=lambda r: r.id)
+        after = rest[max(0, first - shown_eligible) : max(0, last - shown_eligible)]
+        picked = walked[first:] + [(None, rec) for rec in after]
         rows = []
-        for rank, rec in ordered[(page - 1) * per : page * per]:
+        for rank, rec in picked:
             code, message = pending_reason(mirror, rec)
             start: float | None = None
             if reservation is not None and reservation.job_id == rec.id:
