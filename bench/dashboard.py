@@ -2,8 +2,8 @@
 
     python bench/dashboard.py [--nodes 1000] [--active 10000] [--historical 1000000] [--runs 40]
 
-Part 1, pages at scale: a real head (SQLite, its real ASGI app under uvicorn, real HTTP)
-whose state is synthetic: `--nodes` nodes × 8 GPUs with a telemetry reading each, `--active`
+Part 1, pages at scale: a real head (SQLite, its real ASGI app under uvicorn, real HTTP,
+one scheduling cycle run) whose state is synthetic: `--nodes` nodes × 8 GPUs with a telemetry reading each, `--active`
 live jobs (one running 8-GPU job per node, the rest queued) and `--historical` ended jobs in
 the database. Each page is fetched `--runs` times by a signed-in admin (and the ended-jobs
 page by a plain user too, whose visibility filter runs in SQL): p50 / p95 milliseconds and
@@ -139,6 +139,10 @@ def populate(head: Head, nodes: int, active: int, historical: int) -> None:
             rec.in_core = True  # queued (and running) jobs are in the scheduler's state
             mirror.jobs[job_id] = rec
         mirror.next_job_id = historical + active + 1
+        mirror.core_dirty = True
+    # One scheduling cycle (the control thread is not started: this thread runs it), so the
+    # queue page walks the scheduler's real order and shows its reasons and reservation.
+    head.control.run_now()
 
 
 def plain_user(head: Head) -> str:
