@@ -3,14 +3,14 @@
     python bench/dashboard.py [--nodes 1000] [--active 10000] [--historical 1000000] [--runs 40]
 
 Part 1, pages at scale: a real head (SQLite, its real ASGI app under uvicorn, real HTTP,
-one scheduling cycle run) whose state is synthetic: `--nodes` nodes × 8 GPUs with a telemetry reading each, `--active`
-live jobs (one running 8-GPU job per node, the rest queued) and `--historical` ended jobs in
-the database. Each page is fetched `--runs` times by a signed-in admin (and the ended-jobs
-page by a plain user too, whose visibility filter runs in SQL): p50 / p95 milliseconds and
-bytes. Baseline, side by side: what a dashboard that filters in the browser (the Ray
-dashboard's way) fetches for the same view: the REST API's whole live-job list
-(`GET /v1/jobs?active=true`) and whole node list (`GET /v1/nodes`); the ratios are
-baseline / dashboard.
+one scheduling cycle run) whose state is synthetic: `--nodes` nodes × 8 GPUs with a
+telemetry reading each, `--active` live jobs (one running 8-GPU job per node, the rest
+queued) and `--historical` ended jobs in the database. Each page is fetched `--runs` times
+by a signed-in admin (and the ended-jobs page by a plain user too, whose visibility filter
+runs in SQL): p50 / p95 milliseconds and bytes. Baseline, side by side: what a dashboard
+that filters in the browser (the Ray dashboard's way) fetches for the same view: the REST
+API's whole live-job list (`GET /v1/jobs?active=true`) and whole node list (`GET
+/v1/nodes`); the ratios are baseline / dashboard.
 
 Part 2, change → visible: a real local cluster (head + 2 agents with fake GPUs, processes);
 an open jobs page's SSE stream (`/ui/live/jobs`) while jobs are submitted one at a time

@@ -13,7 +13,7 @@ from playwright.sync_api import BrowserContext, Page, expect
 from phalanx.client.api import PhalanxClient
 from phalanx.local import LocalCluster
 from tests.dashboard.conftest import People, shot, sign_in
-from tests.e2e.helpers import job, sh, submit, wait_for
+from tests.e2e.helpers import job, py, sh, submit, wait_for
 
 
 def _running(api: PhalanxClient, job_id: int) -> None:
@@ -201,3 +201,30 @@ def test_the_queue_pages_through_the_schedulers_order_with_an_estimated_start(
     expect(first.locator("td").last).to_contain_text(stamp)
     expect(page.locator(f"#queued-{queued[1]} td").last).to_have_text("after the jobs ahead")
     shot(page, "queue")
+
+
+REPORTS = """
+import time
+from phalanx.train.report import Progress, Reporter
+
+reporter = Reporter(0, 0)
+for step in range(1, 10_000):
+    loss = 4.0 / step
+    reporter.report(Progress(0, step, loss, 1000.0, 0.42, time.time()), 0.5, None)
+    time.sleep(0.5)
+"""
+
+
+def test_progress_reports_draw_the_loss_chart_and_the_cluster_mfu(
+    cluster: LocalCluster, people: People, api: PhalanxClient, page: Page, workdir: Path
+) -> None:
+    job_id = submit(api, job(workdir, py(REPORTS), name="reports-mfu"))
+    _running(api, job_id)
+    sign_in(page, cluster.url, people.admin, "/ui/")
+    expect(page.locator("#mfu")).to_have_text("42.0%")
+    page.goto(f"{cluster.url}/ui/jobs/{job_id}")
+    expect(page.locator("#progress-chart canvas")).to_have_count(1)
+    expect(page.locator("#progress-chart .u-legend")).to_contain_text("mfu")
+    expect(page.locator("#progress-table")).to_contain_text("42.0%")
+    page.wait_for_timeout(3000)  # a few more points on the charts for the screenshot
+    shot(page, "job-progress")
