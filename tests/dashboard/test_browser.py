@@ -145,6 +145,9 @@ def test_a_plain_user_sees_no_other_teams_job_and_no_admin_action(
     expect(page.locator("i.gpu").first).to_be_visible()
     expect(page.locator("button.drain")).to_have_count(0)
     expect(page.locator("button.resume")).to_have_count(0)
+    # Alice's GPU: its job's id (the API's node list has it), not whose it is.
+    held = page.locator(f'i.gpu[data-job="{job_id}"]')
+    expect(held).to_have_attribute("title", re.compile(rf"job {job_id} \(another team's\)$"))
 
     answer = page.goto(f"{cluster.url}/ui/jobs/{job_id}")
     assert answer is not None and answer.status == 403

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from phalanx.api.models import GpuInfo, GpuTelemetry
 from phalanx.core import JobState
+from phalanx.head.auth import Principal
 from phalanx.head.records import NodeRecord
 from phalanx.head.service import Head
 
@@ -32,7 +33,7 @@ class NodeRow:
     heartbeat_age_s: float | None
     jobs: tuple[int, ...]
     gpus: tuple[GpuInfo, ...]
-    holders: dict[int, tuple[int, str]]  # GPU index → (job id, user)
+    holders: dict[int, tuple[int, str | None]]  # GPU index → (job id, user if viewable)
     readings: dict[int, GpuTelemetry]  # GPU index → its latest reading, if fresh
 
     @property
@@ -66,6 +67,12 @@ class Overview:
     mfu: float | None = None  # GPU-weighted mean over the running jobs that report it
     mfu_jobs: int = 0
     mfu_gpus: int = 0
+
+
+def visible(who: Principal, user: str, team: str) -> bool:
+    """Whether `who` sees a job's metadata (as the REST API decides: its owner, its team's
+    members and admins, cluster admins)."""
+    return who.admin or user == who.user or team in who.teams or team in who.admin_of
 
 
 def host_order(name: str) -> tuple[tuple[int, str], ...]:
@@ -124,12 +131,16 @@ def overview(head: Head) -> Overview:
     return out
 
 
-def node_page(head: Head, state: str | None, query: str | None, page: int, per: int) -> NodePage:
+def node_page(
+    head: Head, who: Principal, state: str | None, query: str | None, page: int, per: int
+) -> NodePage:
     """One page of nodes (host-list order), each with its GPUs, who holds each and their
-    latest readings. The control lock is held only to copy references out of the mirror;
-    the page is built after it (a grid of 8,000 GPUs must not stall the control thread)."""
+    latest readings; a job `who` may not see (another team's) is named by its id only, as
+    the REST API's node list names it. The control lock is held only to copy references
+    out of the mirror; the page is built after it (a grid of 8,000 GPUs must not stall the
+    control thread)."""
     now = head.now()
-    picked: list[tuple[NodeRecord, tuple[int, ...], dict[int, tuple[int, str]]]] = []
+    picked: list[tuple[NodeRecord, tuple[int, ...], dict[int, tuple[int, str | None]]]] = []
     with head.control.lock:
         mirror = head.mirror
         names = [
@@ -142,16 +153,17 @@ def node_page(head: Head, state: str | None, query: str | None, page: int, per: 
         pages = max(1, -(-total // per))
         page = min(page, pages)
         for name in names[(page - 1) * per : page * per]:
-            holders: dict[int, tuple[int, str]] = {}
+            holders: dict[int, tuple[int, str | None]] = {}
             ids = tuple(sorted(mirror.node_jobs.get(name, ())))
             for job_id in ids:
                 rec = mirror.jobs.get(job_id)
                 if rec is None or not rec.state.holds_gpus:
                     continue
+                shown = rec.user if visible(who, rec.user, rec.team) else None
                 for where, gpus in rec.placement:
                     if where == name:
                         for g in gpus:
-                            holders[g] = (rec.id, rec.user)
+                            holders[g] = (rec.id, shown)
             picked.append((mirror.nodes[name], ids, holders))
     rows = []
     for node, ids, holders in picked:

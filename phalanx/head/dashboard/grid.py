@@ -40,10 +40,14 @@ def cells_html(row: NodeRow) -> Markup:
             )
             continue
         job_id, user = holder
-        if user not in users:
-            users[user] = escape(user)
+        if user is None:
+            whose = "another team's"
+        elif user in users:
+            whose = users[user]
+        else:
+            whose = users[user] = escape(user)
         out.append(
             f'<i class="gpu {level} held" data-gpu="{node}:{gpu.index}" data-busy="{busy}"'
-            f' data-job="{job_id}" title="{title} · job {job_id} ({users[user]})"></i>'
+            f' data-job="{job_id}" title="{title} · job {job_id} ({whose})"></i>'
         )
     return Markup("".join(out))

@@ -15,6 +15,7 @@ from sqlalchemy import select
 from phalanx.core import JobState, queue_order
 from phalanx.head import db, store
 from phalanx.head.auth import Principal
+from phalanx.head.dashboard.cluster import visible
 from phalanx.head.records import JobRecord
 from phalanx.head.scheduling import pending_reason
 from phalanx.head.service import Head
@@ -81,12 +82,6 @@ class EventRow:
 class EventPage:
     rows: tuple[EventRow, ...]
     next_before: int | None
-
-
-def visible(who: Principal, user: str, team: str) -> bool:
-    """Whether `who` sees a job's metadata (as the REST API decides: its owner, its team's
-    members and admins, cluster admins)."""
-    return who.admin or user == who.user or team in who.teams or team in who.admin_of
 
 
 def _gpus(nodes: int, per_node: int) -> str:
