@@ -41,6 +41,9 @@ def test_gpu_grid_shows_a_running_jobs_gpu_busy_and_a_free_one_idle(
         job_id = submit(alice, job(workdir, sh("sleep 300"), name="busy-one"))
     _running(api, job_id)
     sign_in(page, cluster.url, people.admin, "/ui/nodes")
+    (cookie,) = [c for c in page.context.cookies() if c["name"] == "phalanx_session"]
+    assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
+    assert cookie["path"] == "/ui"  # the head serves TLS here: the cookie is Secure
     held = page.locator(f'i.gpu[data-job="{job_id}"]')
     expect(held).to_have_count(1)
     # The fake GPU reports 100% once the agent sees the job's process on it (a heartbeat
