@@ -76,6 +76,9 @@ def test_a_job_appears_in_an_open_jobs_page_without_a_reload(
 def test_a_jobs_log_follows_live_and_the_job_is_cancelled_from_its_page(
     cluster: LocalCluster, people: People, api: PhalanxClient, page: Page, workdir: Path
 ) -> None:
+    errors: list[str] = []  # script errors and Content-Security-Policy refusals
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
     marker = workdir / "go-on"
     script = (
         "echo before-the-page-opened; "
@@ -104,6 +107,7 @@ def test_a_jobs_log_follows_live_and_the_job_is_cancelled_from_its_page(
     expect(page.locator("#job-state")).to_have_text("CA", timeout=30_000)
     assert api.job(job_id).job.state == "CA"
     expect(page.locator("#cancel")).to_have_count(0)  # nothing left to cancel
+    assert errors == []
 
 
 def test_an_admin_drains_and_resumes_a_node(
@@ -224,6 +228,9 @@ for step in range(1, 10_000):
 def test_progress_reports_draw_the_loss_chart_and_the_cluster_mfu(
     cluster: LocalCluster, people: People, api: PhalanxClient, page: Page, workdir: Path
 ) -> None:
+    errors: list[str] = []  # script errors and Content-Security-Policy refusals
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
     job_id = submit(api, job(workdir, py(REPORTS), name="reports-mfu"))
     _running(api, job_id)
     sign_in(page, cluster.url, people.admin, "/ui/")
@@ -234,3 +241,4 @@ def test_progress_reports_draw_the_loss_chart_and_the_cluster_mfu(
     expect(page.locator("#progress-table")).to_contain_text("42.0%")
     page.wait_for_timeout(3000)  # a few more points on the charts for the screenshot
     shot(page, "job-progress")
+    assert errors == []

@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse
 from phalanx.head.dashboard import grid
 
 CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; "
     "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; form-action 'self'; "
     "base-uri 'none'; object-src 'none'"
 )
