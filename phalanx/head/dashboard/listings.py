@@ -5,12 +5,11 @@ reason and estimated start, and the nodes' health events. A page never holds mor
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import JSON, cast, select, type_coerce
 
 from phalanx.core import JobState, queue_order
 from phalanx.head import db, store
@@ -44,6 +43,9 @@ class JobPage:
     page: int
     pages: int
     next_before: int | None  # ended jobs: the keyset cursor of the next page
+    # Ended jobs: the page stopped at this id, having searched SCAN_IDS ids without filling
+    # (a selective filter over a long history); the next page searches on from it.
+    searched_to: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +119,11 @@ def _matches(
     )
 
 
+# Ended jobs are searched this many ids at a time: a page whose filter (or visibility)
+# matches few jobs reads a bounded id range by primary key, never the whole history.
+SCAN_IDS = 100_000
+
+
 def job_page(
     head: Head,
     who: Principal,
@@ -128,9 +135,11 @@ def job_page(
     page: int,
     before: int | None,
     per: int,
+    window: int = SCAN_IDS,
 ) -> JobPage:
     """One page of the jobs `who` may see: live ones newest first (numbered pages), or ended
-    ones newest first from the database (keyset pages: `before` a job id)."""
+    ones newest first from the database (keyset pages: `before` a job id; each searches at
+    most `window` ids)."""
     if scope == "active":
         with head.control.lock:
             ids = [
@@ -149,7 +158,7 @@ def job_page(
                 _row(head, head.mirror.jobs[i]) for i in ids[(page - 1) * per : page * per]
             )
         return JobPage(rows, "active", total, page, pages, None)
-    return _ended_page(head, who, states, user, team, name, before, per)
+    return _ended_page(head, who, states, user, team, name, before, per, window)
 
 
 def _ended_page(
@@ -161,13 +170,22 @@ def _ended_page(
     name: str | None,
     before: int | None,
     per: int,
+    window: int,
 ) -> JobPage:
     j = db.jobs.c
+    # The job's shape from its stored spec, extracted by the database (a spec may hold a
+    # large script: it is not sent here and parsed row by row).
+    postgres = head.control.engine.dialect.name == "postgresql"  # SQLite reads JSON text
+    spec = cast(j.spec_json, JSON) if postgres else type_coerce(j.spec_json, JSON)
     columns = (
-        j.id, j.name, j.user, j.team, j.state, j.spec_json, j.submit_time, j.start_time,
-        j.end_time, j.exit_code, j.reason, j.reason_message,
+        j.id, j.name, j.user, j.team, j.state, j.submit_time, j.start_time, j.end_time,
+        j.exit_code, j.reason, j.reason_message, spec["nodes"].as_integer().label("nodes"),
+        spec["gpus_per_node"].as_integer().label("gpus_per_node"),
     )  # fmt: skip
-    query = select(*columns).where(j.state.not_in(store.LIVE_STATES))
+    with head.control.engine.connect() as conn:
+        top = before if before is not None else store.max_job_id(conn) + 1
+        low = max(1, top - window)
+        query = select(*columns).where(j.id < top, j.id >= low, j.state.not_in(store.LIVE_STATES))
     if not who.admin:
         teams = sorted(who.teams | who.admin_of)
         query = query.where((j.user == who.user) | j.team.in_(teams))
@@ -180,18 +198,19 @@ def _ended_page(
     if name is not None:
         escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         query = query.where(j.name.like(f"%{escaped}%", escape="\\"))
-    if before is not None:
-        query = query.where(j.id < before)
     query = query.order_by(j.id.desc()).limit(per + 1)
     with head.control.engine.connect() as conn:
         found = list(conn.execute(query))
     rows = tuple(_ended_row(r) for r in found[:per])
-    more = len(found) > per
-    return JobPage(rows, "ended", None, 1, 1, rows[-1].id if more and rows else None)
+    if len(found) > per:
+        return JobPage(rows, "ended", None, 1, 1, rows[-1].id)
+    if low > 1:  # the window ran out before the page filled: go on below it
+        return JobPage(rows, "ended", None, 1, 1, low, searched_to=low)
+    return JobPage(rows, "ended", None, 1, 1, None)
 
 
 def _ended_row(r: Any) -> JobRow:
-    nodes, per_node = _shape(r.spec_json)
+    nodes, per_node = r.nodes or 1, r.gpus_per_node or 1  # absent from a spec: defaults
     return JobRow(
         id=r.id,
         name=r.name,
@@ -205,15 +224,6 @@ def _ended_row(r: Any) -> JobRow:
         reason=r.reason,
         detail=r.exit_code or r.reason_message,
     )
-
-
-def _shape(spec_json: str) -> tuple[int, int]:
-    """(nodes, GPUs per node) of a stored spec, without parsing the whole spec into a model."""
-    try:
-        spec = json.loads(spec_json)
-        return int(spec.get("nodes", 1)), int(spec.get("gpus_per_node", 1))
-    except (ValueError, TypeError, AttributeError):
-        return 1, 1
 
 
 def queue_page(head: Head, who: Principal, page: int, per: int) -> QueuePage:
