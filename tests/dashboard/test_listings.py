@@ -30,7 +30,8 @@ def head(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Head]:
     """A head (not started) whose store holds 300 ended jobs: every 37th is alice's (team
-    red, 2 nodes × 4 GPUs), the rest bob's (team blue)."""
+    red, 2 nodes × 4 GPUs), the rest bob's (team blue); and 200 events (after the head's
+    own), every 13th a node's, the rest jobs'."""
     url = None
     if request.param == "postgresql":
         pg: PostgresServer = request.getfixturevalue("postgres")
@@ -50,8 +51,17 @@ def head(
                 state=JobState.COMPLETED, spec=spec, submit_time=now, end_time=now,
             ).row()
         )  # fmt: skip
+    events = [
+        {
+            "time": now, "job_id": None if i % 13 == 0 else i, "node": f"n{i % 2}",
+            "kind": "drain" if i % 13 == 0 else "running", "message": f"event {i}",
+            "from_state": None, "to_state": None, "epoch": None,
+        }
+        for i in range(1, 201)
+    ]  # fmt: skip
     with h.control.engine.begin() as conn:
         store.insert_rows(conn, db.jobs, rows)
+        store.insert_events(conn, events)
     yield h
     h.control.engine.dispose()
 
@@ -88,3 +98,22 @@ def test_an_admin_sees_every_ended_job_once(head: Head) -> None:
     assert seen == list(range(300, 0, -1))
     bob = listings.job_page(head, ADMIN, "ended", None, "bob", None, None, 1, None, 5, 100)
     assert [r.user for r in bob.rows] == ["bob"] * 5 and bob.rows[0].gpus == "4"
+
+
+def test_node_events_page_through_bounded_windows_among_job_events(head: Head) -> None:
+    def walk(node: str | None, window: int) -> list[str]:
+        seen: list[str] = []
+        before = None
+        while True:
+            page = listings.event_page(head, {"drain"}, node, before, 4, window)
+            assert len(page.rows) <= 4
+            seen += [r.message for r in page.rows]
+            if page.next_before is None:
+                return seen
+            before = page.next_before
+
+    drains = [f"event {i}" for i in range(200, 0, -1) if i % 13 == 0]
+    assert walk(None, 20) == drains
+    assert walk(None, 100_000) == drains
+    assert walk("n1", 20) == [m for m in drains if int(m.split()[1]) % 2 == 1]
+    assert "drain" in listings.event_kinds(head)

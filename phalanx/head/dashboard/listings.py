@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import JSON, cast, select, type_coerce
+from sqlalchemy import JSON, Connection, cast, func, select, type_coerce
 
 from phalanx.core import JobState, queue_order
 from phalanx.head import db, store
@@ -84,6 +84,7 @@ class EventRow:
 class EventPage:
     rows: tuple[EventRow, ...]
     next_before: int | None
+    searched_to: int | None = None  # as JobPage's
 
 
 def _gpus(nodes: int, per_node: int) -> str:
@@ -291,31 +292,49 @@ def queue_page(head: Head, who: Principal, page: int, per: int) -> QueuePage:
 
 
 def event_page(
-    head: Head, kinds: set[str] | None, node: str | None, before: int | None, per: int
+    head: Head,
+    kinds: set[str] | None,
+    node: str | None,
+    before: int | None,
+    per: int,
+    window: int = SCAN_IDS,
 ) -> EventPage:
-    """Node events (no job's), newest first: drains, failures, GPU faults and XIDs, …"""
+    """Node events (no job's), newest first: drains, failures, GPU faults and XIDs, …;
+    searching at most `window` event ids per page (the log holds every job's events too)."""
     e = db.events.c
-    query = select(e.id, e.time, e.node, e.kind, e.message).where(
-        e.job_id.is_(None), e.node.is_not(None)
-    )
-    if kinds is not None:
-        query = query.where(e.kind.in_(sorted(kinds)))
-    if node is not None:
-        query = query.where(e.node == node)
-    if before is not None:
-        query = query.where(e.id < before)
-    query = query.order_by(e.id.desc()).limit(per + 1)
     with head.control.engine.connect() as conn:
-        found = list(conn.execute(query))
+        top = before if before is not None else _max_event_id(conn) + 1
+        low = max(1, top - window)
+        query = select(e.id, e.time, e.node, e.kind, e.message).where(
+            e.id < top, e.id >= low, e.job_id.is_(None), e.node.is_not(None)
+        )
+        if kinds is not None:
+            query = query.where(e.kind.in_(sorted(kinds)))
+        if node is not None:
+            query = query.where(e.node == node)
+        found = list(conn.execute(query.order_by(e.id.desc()).limit(per + 1)))
     rows = tuple(EventRow(r.id, r.time, r.node, r.kind, r.message) for r in found[:per])
-    return EventPage(rows, rows[-1].id if len(found) > per and rows else None)
+    if len(found) > per:
+        return EventPage(rows, rows[-1].id)
+    if low > 1:
+        return EventPage(rows, low, searched_to=low)
+    return EventPage(rows, None)
+
+
+def _max_event_id(conn: Connection) -> int:
+    return int(conn.execute(select(func.max(db.events.c.id))).scalar() or 0)
 
 
 def event_kinds(head: Head) -> list[str]:
-    """The node event kinds recorded so far (the health page's filter choices)."""
+    """The node event kinds among the newest SCAN_IDS events (the health page's filter
+    choices)."""
     e = db.events.c
     with head.control.engine.connect() as conn:
+        low = _max_event_id(conn) - SCAN_IDS
         found = conn.execute(
-            select(e.kind).where(e.job_id.is_(None), e.node.is_not(None)).distinct().limit(100)
+            select(e.kind)
+            .where(e.id > low, e.job_id.is_(None), e.node.is_not(None))
+            .distinct()
+            .limit(100)
         )
         return sorted(r.kind for r in found)
