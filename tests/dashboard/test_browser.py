@@ -81,7 +81,7 @@ def test_a_jobs_log_follows_live_and_the_job_is_cancelled_from_its_page(
     page.on("pageerror", lambda e: errors.append(str(e)))
     marker = workdir / "go-on"
     script = (
-        "echo before-the-page-opened; "
+        "echo before-the-page-opened '<img src=x onerror=alert(1)>'; "
         f"while [ ! -e {marker} ]; do sleep 0.2; done; "
         "echo printed-after-the-page-opened; sleep 300"
     )
@@ -90,7 +90,8 @@ def test_a_jobs_log_follows_live_and_the_job_is_cancelled_from_its_page(
     _running(api, job_id)
     sign_in(page, cluster.url, people.alice, f"/ui/jobs/{job_id}")
     log = page.locator("#log")
-    expect(log).to_contain_text("before-the-page-opened")
+    expect(log).to_contain_text("before-the-page-opened <img src=x onerror=alert(1)>")
+    expect(log.locator("img")).to_have_count(0)  # a job's output is text, never markup
     assert "printed-after-the-page-opened" not in (log.text_content() or "")
     page.evaluate("window.__notReloaded = true")
     marker.touch()
