@@ -124,6 +124,14 @@ def test_an_admin_drains_and_resumes_a_node(
         expect(row.locator(".reason")).to_have_text("swap a fan")
         assert next(n for n in api.nodes().nodes if n.name == node).state == "drain"
         shot(page, "node-drained")
+        # Filtered and paginated on the server.
+        page.goto(f"{cluster.url}/ui/nodes?state=drain")
+        expect(page.locator("table.nodes tbody tr")).to_have_count(1)
+        expect(page.locator(f'[id="node-{node}"]')).to_have_count(1)
+        page.goto(f"{cluster.url}/ui/nodes?per=1&page=2")
+        expect(page.locator("table.nodes tbody tr")).to_have_count(1)
+        expect(page.locator(".pager span")).to_have_text("page 2 of 2")
+        row = page.locator(f'[id="node-{node}"]')  # host order: 127.0.0.2, then .3
         row.locator("button.resume").click()
         expect(row).to_have_attribute("data-state", "up")
         assert next(n for n in api.nodes().nodes if n.name == node).state == "up"
