@@ -15,6 +15,7 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from phalanx.api import models as m
+from phalanx.core import JobState
 from phalanx.head import jobcontrol
 from phalanx.head.control import HeadError
 from phalanx.head.dashboard import live, series
@@ -43,7 +44,7 @@ def _detail(head: Head, seen: Viewer, job_id: int) -> dict[str, Any]:
         "d": detail,
         "job": job,
         "private": private,
-        "can_cancel": private and job.state not in ("CD", "F", "CA", "TO", "NF", "OOM"),
+        "can_cancel": private and not JobState(job.state).terminal,
         "ranks": _ranks(detail),
         "series": json.dumps(_series(head, rec, detail)),
         "spec_json": detail.spec.model_dump_json(indent=2, exclude_defaults=True),
