@@ -2,15 +2,15 @@
 
     python bench/dashboard.py [--nodes 1000] [--active 10000] [--historical 1000000] [--runs 40]
 
-Part 1, pages at scale: a real head (SQLite, its real ASGI app under uvicorn, real HTTP)
-whose state is synthetic: `--nodes` nodes × 8 GPUs with a telemetry reading each, `--active`
-live jobs (one running 8-GPU job per node, the rest queued) and `--historical` ended jobs in
-the database. Each page is fetched `--runs` times by a signed-in admin (and the ended-jobs
-page by a plain user too, whose visibility filter runs in SQL): p50 / p95 milliseconds and
-bytes. Baseline, side by side: what a dashboard that filters in the browser (the Ray
-dashboard's way) fetches for the same view: the REST API's whole live-job list
-(`GET /v1/jobs?active=true`) and whole node list (`GET /v1/nodes`); the ratios are
-baseline / dashboard.
+Part 1, pages at scale: a real head (SQLite, its real ASGI app under uvicorn, real HTTP,
+one scheduling cycle run) whose state is synthetic: `--nodes` nodes × 8 GPUs with a
+telemetry reading each, `--active` live jobs (one running 8-GPU job per node, the rest
+queued) and `--historical` ended jobs in the database. Each page is fetched `--runs` times
+by a signed-in admin (and the ended-jobs page by a plain user too, whose visibility filter
+runs in SQL): p50 / p95 milliseconds and bytes. Baseline, side by side: what a dashboard
+that filters in the browser (the Ray dashboard's way) fetches for the same view: the REST
+API's whole live-job list (`GET /v1/jobs?active=true`) and whole node list (`GET
+/v1/nodes`); the ratios are baseline / dashboard.
 
 Part 2, change → visible: a real local cluster (head + 2 agents with fake GPUs, processes);
 an open jobs page's SSE stream (`/ui/live/jobs`) while jobs are submitted one at a time
@@ -136,8 +136,13 @@ def populate(head: Head, nodes: int, active: int, historical: int) -> None:
                 node = f"gpu{k:04d}"
                 rec.placement = [(node, list(range(GPUS)))]
                 mirror.node_jobs.setdefault(node, set()).add(job_id)
+            rec.in_core = True  # queued (and running) jobs are in the scheduler's state
             mirror.jobs[job_id] = rec
         mirror.next_job_id = historical + active + 1
+        mirror.core_dirty = True
+    # One scheduling cycle (the control thread is not started: this thread runs it), so the
+    # queue page walks the scheduler's real order and shows its reasons and reservation.
+    head.control.run_now()
 
 
 def plain_user(head: Head) -> str:
@@ -261,19 +266,23 @@ def live(runs: int) -> dict[str, object]:
         stop = threading.Event()
 
         def follow() -> None:
-            with (
-                signed_in(c.url, token) as client,
-                client.stream("GET", "/ui/live/jobs?per=20", timeout=None) as s,
-            ):
-                buf: list[str] = []
-                for line in s.iter_lines():
-                    if stop.is_set():
-                        return
-                    if line.startswith("data: "):
-                        buf.append(line[6:])
-                    elif line == "" and buf:
-                        seen.put(("\n".join(buf), time.perf_counter()))
-                        buf = []
+            try:
+                with (
+                    signed_in(c.url, token) as client,
+                    client.stream("GET", "/ui/live/jobs?per=20", timeout=None) as s,
+                ):
+                    buf: list[str] = []
+                    for line in s.iter_lines():
+                        if stop.is_set():
+                            return
+                        if line.startswith("data: "):
+                            buf.append(line[6:])
+                        elif line == "" and buf:
+                            seen.put(("\n".join(buf), time.perf_counter()))
+                            buf = []
+            except httpx.HTTPError:
+                if not stop.is_set():  # the cluster stopping ends the stream; else a failure
+                    raise
 
         reader = threading.Thread(target=follow, daemon=True)
         reader.start()

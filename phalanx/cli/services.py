@@ -546,6 +546,7 @@ def up(
             f"fake {gpu_model} GPUs\n"
             f"{supervisor.describe()}\n"
             f"  admin token:   {cluster.admin_token_file}\n"
+            f"  dashboard:     {cluster.head_url(0)}/ui/ (sign in with the admin token)\n"
             f"  client config: {config}, context {context!r} (phalanx commands now use "
             "this cluster)\n"
             "Try:\n"

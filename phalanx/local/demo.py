@@ -72,6 +72,10 @@ def run(state_dir: Path, steps: int, console: Console) -> int:
         client: PhalanxClient = cluster.client()
         for node in client.nodes().nodes:
             console.print(f"  node {node.name}: {len(node.gpus)} × {node.gpus[0].model}")
+        console.print(
+            f"  dashboard {cluster.head_url(0)}/ui/ (sign in with the token in "
+            f"{cluster.admin_token_file})"
+        )
         spec = JobSpec(
             name="dp-demo",
             command=workload(steps, state_dir),

@@ -5,6 +5,7 @@ see or do. Screenshots land in test-artifacts/dashboard/."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from playwright.sync_api import BrowserContext, Page, expect
@@ -12,7 +13,7 @@ from playwright.sync_api import BrowserContext, Page, expect
 from phalanx.client.api import PhalanxClient
 from phalanx.local import LocalCluster
 from tests.dashboard.conftest import People, shot, sign_in
-from tests.e2e.helpers import job, sh, submit, wait_for
+from tests.e2e.helpers import job, py, sh, submit, wait_for
 
 
 def _running(api: PhalanxClient, job_id: int) -> None:
@@ -40,6 +41,9 @@ def test_gpu_grid_shows_a_running_jobs_gpu_busy_and_a_free_one_idle(
         job_id = submit(alice, job(workdir, sh("sleep 300"), name="busy-one"))
     _running(api, job_id)
     sign_in(page, cluster.url, people.admin, "/ui/nodes")
+    (cookie,) = [c for c in page.context.cookies() if c["name"] == "phalanx_session"]
+    assert cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
+    assert cookie["path"] == "/ui"  # the head serves TLS here: the cookie is Secure
     held = page.locator(f'i.gpu[data-job="{job_id}"]')
     expect(held).to_have_count(1)
     # The fake GPU reports 100% once the agent sees the job's process on it (a heartbeat
@@ -72,9 +76,12 @@ def test_a_job_appears_in_an_open_jobs_page_without_a_reload(
 def test_a_jobs_log_follows_live_and_the_job_is_cancelled_from_its_page(
     cluster: LocalCluster, people: People, api: PhalanxClient, page: Page, workdir: Path
 ) -> None:
+    errors: list[str] = []  # script errors and Content-Security-Policy refusals
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
     marker = workdir / "go-on"
     script = (
-        "echo before-the-page-opened; "
+        "echo before-the-page-opened '<img src=x onerror=alert(1)>'; "
         f"while [ ! -e {marker} ]; do sleep 0.2; done; "
         "echo printed-after-the-page-opened; sleep 300"
     )
@@ -83,13 +90,17 @@ def test_a_jobs_log_follows_live_and_the_job_is_cancelled_from_its_page(
     _running(api, job_id)
     sign_in(page, cluster.url, people.alice, f"/ui/jobs/{job_id}")
     log = page.locator("#log")
-    expect(log).to_contain_text("before-the-page-opened")
+    expect(log).to_contain_text("before-the-page-opened <img src=x onerror=alert(1)>")
+    expect(log.locator("img")).to_have_count(0)  # a job's output is text, never markup
     assert "printed-after-the-page-opened" not in (log.text_content() or "")
     page.evaluate("window.__notReloaded = true")
     marker.touch()
     expect(log).to_contain_text("printed-after-the-page-opened")
     assert page.evaluate("window.__notReloaded") is True
     expect(page.locator("#job-state")).to_have_text("R")
+    # The GPU utilisation chart (uPlot) draws the job's GPU once a reading arrives.
+    expect(page.locator("#gpu-chart canvas")).to_have_count(1)
+    expect(page.locator("#gpu-chart .u-legend")).to_contain_text(":0")
     shot(page, "job-page")
 
     page.click("#cancel")
@@ -97,6 +108,7 @@ def test_a_jobs_log_follows_live_and_the_job_is_cancelled_from_its_page(
     expect(page.locator("#job-state")).to_have_text("CA", timeout=30_000)
     assert api.job(job_id).job.state == "CA"
     expect(page.locator("#cancel")).to_have_count(0)  # nothing left to cancel
+    assert errors == []
 
 
 def test_an_admin_drains_and_resumes_a_node(
@@ -112,9 +124,22 @@ def test_an_admin_drains_and_resumes_a_node(
         expect(row.locator(".reason")).to_have_text("swap a fan")
         assert next(n for n in api.nodes().nodes if n.name == node).state == "drain"
         shot(page, "node-drained")
+        # Filtered and paginated on the server.
+        page.goto(f"{cluster.url}/ui/nodes?state=drain")
+        expect(page.locator("table.nodes tbody tr")).to_have_count(1)
+        expect(page.locator(f'[id="node-{node}"]')).to_have_count(1)
+        page.goto(f"{cluster.url}/ui/nodes?per=1&page=2")
+        expect(page.locator("table.nodes tbody tr")).to_have_count(1)
+        expect(page.locator(".pager span")).to_have_text("page 2 of 2")
+        row = page.locator(f'[id="node-{node}"]')  # host order: 127.0.0.2, then .3
         row.locator("button.resume").click()
         expect(row).to_have_attribute("data-state", "up")
         assert next(n for n in api.nodes().nodes if n.name == node).state == "up"
+        # Both are health events, newest first, filterable by node.
+        page.goto(f"{cluster.url}/ui/health?node={node}")
+        rows = page.locator("table.events tbody tr")
+        expect(rows.first).to_have_class("ev-resume")
+        expect(page.locator("tr.ev-drain").first).to_contain_text("swap a fan")
     finally:
         if next(n for n in api.nodes().nodes if n.name == node).state == "drain":
             api.resume(node)
@@ -136,6 +161,9 @@ def test_a_plain_user_sees_no_other_teams_job_and_no_admin_action(
     expect(page.locator("i.gpu").first).to_be_visible()
     expect(page.locator("button.drain")).to_have_count(0)
     expect(page.locator("button.resume")).to_have_count(0)
+    # Alice's GPU: its job's id (the API's node list has it), not whose it is.
+    held = page.locator(f'i.gpu[data-job="{job_id}"]')
+    expect(held).to_have_attribute("title", re.compile(rf"job {job_id} \(another team's\)$"))
 
     answer = page.goto(f"{cluster.url}/ui/jobs/{job_id}")
     assert answer is not None and answer.status == 403
@@ -159,3 +187,67 @@ def test_a_plain_user_sees_no_other_teams_job_and_no_admin_action(
     assert no_csrf.status == 403
     assert next(n for n in api.nodes().nodes if n.name == node).state == "up"
     assert api.job(job_id).job.state == "R"
+
+
+def test_the_queue_pages_through_the_schedulers_order_with_an_estimated_start(
+    cluster: LocalCluster, people: People, api: PhalanxClient, page: Page, workdir: Path
+) -> None:
+    """Every GPU busy with a job limited to an hour: the next job has a reservation (its
+    estimated start: when that job's limit ends), the others wait behind it, in order."""
+    blocker = submit(
+        api, job(workdir, sh("sleep 300"), name="blocker", nodes=2, gpus_per_node=2,
+                 time_limit_s=3600)
+    )  # fmt: skip
+    _running(api, blocker)
+    with _as(cluster, people.alice) as alice:
+        queued = [submit(alice, job(workdir, sh("true"), name=f"q{i}")) for i in range(5)]
+    ends = api.job(blocker).job.start_time
+    assert ends is not None
+    sign_in(page, cluster.url, people.alice, "/ui/queue?per=2")
+    seen: list[tuple[str, int]] = []
+    for expected_page in (1, 2, 3):
+        expect(page.locator(".pager span")).to_have_text(f"page {expected_page} of 3")
+        for row in page.locator("table.queue tbody tr").all():
+            rank = row.locator("td").nth(0).text_content() or ""
+            seen.append((rank, int((row.get_attribute("id") or "-0").split("-")[1])))
+        if expected_page < 3:
+            page.click("a[rel=next]")
+    assert seen == [(str(rank), job_id) for rank, job_id in enumerate(queued, start=1)]
+    page.goto(f"{cluster.url}/ui/queue")
+    first = page.locator(f"#queued-{queued[0]}")
+    expect(first).to_contain_text("Resources")
+    stamp = time.strftime("%Y-%m-%d %H:%M", time.gmtime(ends + 3600))
+    expect(first.locator("td").last).to_contain_text(stamp)
+    expect(page.locator(f"#queued-{queued[1]} td").last).to_have_text("after the jobs ahead")
+    shot(page, "queue")
+
+
+REPORTS = """
+import time
+from phalanx.train.report import Progress, Reporter
+
+reporter = Reporter(0, 0)
+for step in range(1, 10_000):
+    loss = 4.0 / step
+    reporter.report(Progress(0, step, loss, 1000.0, 0.42, time.time()), 0.5, None)
+    time.sleep(0.5)
+"""
+
+
+def test_progress_reports_draw_the_loss_chart_and_the_cluster_mfu(
+    cluster: LocalCluster, people: People, api: PhalanxClient, page: Page, workdir: Path
+) -> None:
+    errors: list[str] = []  # script errors and Content-Security-Policy refusals
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    job_id = submit(api, job(workdir, py(REPORTS), name="reports-mfu"))
+    _running(api, job_id)
+    sign_in(page, cluster.url, people.admin, "/ui/")
+    expect(page.locator("#mfu")).to_have_text("42.0%")
+    page.goto(f"{cluster.url}/ui/jobs/{job_id}")
+    expect(page.locator("#progress-chart canvas")).to_have_count(1)
+    expect(page.locator("#progress-chart .u-legend")).to_contain_text("mfu")
+    expect(page.locator("#progress-table")).to_contain_text("42.0%")
+    page.wait_for_timeout(3000)  # a few more points on the charts for the screenshot
+    shot(page, "job-progress")
+    assert errors == []

@@ -202,8 +202,17 @@ def test_a_revoked_token_ends_the_session_and_sign_out_clears_the_cookie(
         issued = api.create_token(pair.alice, "short-lived")
     with browser(head, issued.token) as client:
         assert client.get("/ui/").status_code == 200
-        with PhalanxClient(head.url, pair.alice_token) as api:
-            api.revoke_token(issued.id)
+        with client.stream("GET", "/ui/live/jobs") as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("retry:")
+            assert next(line for line in lines if line.startswith("event:")) == "event: fragment"
+            next(line for line in lines if line == "")  # the page as it was: all of it read
+            with PhalanxClient(head.url, pair.alice_token) as api:
+                api.revoke_token(issued.id)
+                api.submit(spec("a-change"))  # an update the open page would be sent
+            rest = "\n".join(lines)  # the stream ends: no update after the revocation
+        assert "Your session ended" in rest and "a-change" not in rest
+        assert "event: signed-out" in rest
         assert client.get("/ui/").status_code == 303
     with browser(head, pair.alice_token) as client:
         out = client.post("/ui/logout", data={"csrf": csrf_of(client)})

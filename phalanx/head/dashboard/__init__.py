@@ -4,6 +4,15 @@ Server-rendered HTML (Jinja2) with two small vendored libraries (htmx with its S
 extension, uPlot; static/vendor/VENDORED.md): no build step and no CDN. Same tokens as
 the API (session.py), pages paginated and filtered on the server (listings.py,
 cluster.py), live updates over SSE (live.py).
+
+Seams left for the telemetry work to fill at merge:
+- series.gpu_series(head, rec): the job page's GPU utilisation chart's only data source;
+  today one point (each GPU's latest reading), tomorrow the job's stored series in the
+  same shape.
+- pages.accounting and pages.idle (`/ui/accounting`, `/ui/idle`): routes and navigation
+  entries that say there is no data yet, to be given the accounting and idle-GPU views.
+- ControlThread.changes: the counter the live streams watch; anything else that changes
+  what a page shows without a control transaction bumps it (as progress reports do).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from phalanx.head.auth import AuthError
 from phalanx.head.control import HeadError
 from phalanx.head.dashboard.pages import base
-from phalanx.head.dashboard.render import HEADERS, page, static_files
+from phalanx.head.dashboard.render import HEADERS, STATIC, page
 from phalanx.head.dashboard.session import (
     COOKIE,
     LOGIN_PATH,
@@ -27,7 +27,6 @@ from phalanx.head.dashboard.session import (
 
 NodeName = Annotated[str, Path(max_length=128, pattern=r"^[A-Za-z0-9_.@+-]+$")]
 MAX_REASON = 500
-STATIC = static_files()
 
 router = APIRouter(include_in_schema=False)  # a browser's pages, not the REST API
 
@@ -120,8 +119,8 @@ def _node_action(request: Request, seen: Acting, name: str, reason: str | None) 
 
 @router.get("/ui/static/{name:path}")
 def static(name: str) -> Response:
-    """Our CSS and script and the vendored libraries (names carry their versions, so a
-    browser may keep them a day)."""
+    """Our CSS and script and the vendored libraries; pages link them with their content's
+    hash (render.static_url), so a browser may keep them a day."""
     found = STATIC.get(name)
     if found is None:
         raise HTTPException(404, "no such file")

@@ -11,7 +11,10 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
+from phalanx.api.models import GpuInfo, GpuTelemetry
 from phalanx.core import JobState
+from phalanx.head.auth import Principal
+from phalanx.head.records import NodeRecord
 from phalanx.head.service import Head
 
 # A GPU reading older than this is not "now" (an agent that stopped reporting).
@@ -20,55 +23,26 @@ BUSY_PCT = 5.0  # at or above: busy; below: idle
 
 
 @dataclass(frozen=True, slots=True)
-class GpuCell:
-    node: str
-    index: int
-    model: str
-    utilization_pct: float | None
-    memory_used_mb: int | None
-    memory_mb: int
-    job_id: int | None
-    user: str | None
-    node_state: str
-
-    @property
-    def level(self) -> str:
-        """The cell's colour class: `down`, `nodata`, or `u0`…`u10` (tenths of busy)."""
-        if self.node_state == "down":
-            return "down"
-        if self.utilization_pct is None:
-            return "nodata"
-        return f"u{round(min(100.0, max(0.0, self.utilization_pct)) / 10)}"
-
-    @property
-    def busy(self) -> bool:
-        return self.utilization_pct is not None and self.utilization_pct >= BUSY_PCT
-
-    @property
-    def title(self) -> str:
-        """The hover text: where, how busy, and whose job holds it."""
-        util = "no reading" if self.utilization_pct is None else f"{self.utilization_pct:.0f}%"
-        text = f"{self.node} GPU {self.index} · {util}"
-        if self.memory_used_mb is not None:
-            text += f" · {self.memory_used_mb}/{self.memory_mb} MiB"
-        if self.job_id is not None:
-            text += f" · job {self.job_id} ({self.user})"
-        else:
-            text += " · free"
-        return text
-
-
-@dataclass(frozen=True, slots=True)
 class NodeRow:
+    """One node of a page, with what its GPU cells need (grid.cells_html draws them)."""
+
     name: str
     address: str
     state: str
     reason: str | None
-    gpus_used: int
-    gpu_models: str
     heartbeat_age_s: float | None
     jobs: tuple[int, ...]
-    cells: tuple[GpuCell, ...]
+    gpus: tuple[GpuInfo, ...]
+    holders: dict[int, tuple[int, str | None]]  # GPU index → (job id, user if viewable)
+    readings: dict[int, GpuTelemetry]  # GPU index → its latest reading, if fresh
+
+    @property
+    def gpus_used(self) -> int:
+        return len(self.holders)
+
+    @property
+    def gpu_models(self) -> str:
+        return ", ".join(sorted({g.model for g in self.gpus})) or "none"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +69,12 @@ class Overview:
     mfu_gpus: int = 0
 
 
+def visible(who: Principal, user: str, team: str) -> bool:
+    """Whether `who` sees a job's metadata (as the REST API decides: its owner, its team's
+    members and admins, cluster admins)."""
+    return who.admin or user == who.user or team in who.teams or team in who.admin_of
+
+
 def host_order(name: str) -> tuple[tuple[int, str], ...]:
     """Sort key of a host name whose numbers compare as numbers (`n9` before `n10`)."""
     parts = re.split(r"(\d+)", name)
@@ -106,6 +86,7 @@ def overview(head: Head) -> Overview:
     out = Overview()
     now = head.now()
     utils: list[float] = []
+    serving: list[str] = []  # nodes not down: their readings count, read after the lock
     with head.control.lock:
         mirror = head.mirror
         held: Counter[str] = Counter()
@@ -135,12 +116,12 @@ def overview(head: Head) -> Overview:
                 continue
             states["allocated"] += used
             states["drain" if node.state.value == "drain" else "free"] += n - used
-            reading = head.samples.latest(node.name)
-            if reading is None or now - reading.time > STALE_S:
-                continue
-            for g in reading.gpus:
-                if g.utilization_pct is not None:
-                    utils.append(g.utilization_pct)
+            serving.append(node.name)
+    for name in serving:
+        reading = head.samples.latest(name)
+        if reading is None or now - reading.time > STALE_S:
+            continue
+        utils.extend(g.utilization_pct for g in reading.gpus if g.utilization_pct is not None)
     out.gpus_by_state = {k: states.get(k, 0) for k in ("allocated", "free", "drain", "down")}
     out.gpus_reporting = len(utils)
     out.gpus_busy = sum(1 for u in utils if u >= BUSY_PCT)
@@ -150,10 +131,16 @@ def overview(head: Head) -> Overview:
     return out
 
 
-def node_page(head: Head, state: str | None, query: str | None, page: int, per: int) -> NodePage:
-    """One page of nodes (host-list order), each with a cell per GPU: its latest reading and
-    the job and user holding it."""
+def node_page(
+    head: Head, who: Principal, state: str | None, query: str | None, page: int, per: int
+) -> NodePage:
+    """One page of nodes (host-list order), each with its GPUs, who holds each and their
+    latest readings; a job `who` may not see (another team's) is named by its id only, as
+    the REST API's node list names it. The control lock is held only to copy references
+    out of the mirror; the page is built after it (a grid of 8,000 GPUs must not stall the
+    control thread)."""
     now = head.now()
+    picked: list[tuple[NodeRecord, tuple[int, ...], dict[int, tuple[int, str | None]]]] = []
     with head.control.lock:
         mirror = head.mirror
         names = [
@@ -165,51 +152,35 @@ def node_page(head: Head, state: str | None, query: str | None, page: int, per: 
         total = len(names)
         pages = max(1, -(-total // per))
         page = min(page, pages)
-        rows = []
         for name in names[(page - 1) * per : page * per]:
-            node = mirror.nodes[name]
-            owner: dict[int, tuple[int, str]] = {}
-            ids = sorted(mirror.node_jobs.get(name, set()))
+            holders: dict[int, tuple[int, str | None]] = {}
+            ids = tuple(sorted(mirror.node_jobs.get(name, ())))
             for job_id in ids:
                 rec = mirror.jobs.get(job_id)
                 if rec is None or not rec.state.holds_gpus:
                     continue
+                shown = rec.user if visible(who, rec.user, rec.team) else None
                 for where, gpus in rec.placement:
                     if where == name:
                         for g in gpus:
-                            owner[g] = (rec.id, rec.user)
-            reading = head.samples.latest(name)
-            fresh = reading is not None and now - reading.time <= STALE_S
-            by_index = {g.index: g for g in reading.gpus} if reading is not None and fresh else {}
-            cells = []
-            for gpu in node.gpus:
-                sample = by_index.get(gpu.index)
-                job = owner.get(gpu.index)
-                cells.append(
-                    GpuCell(
-                        node=name,
-                        index=gpu.index,
-                        model=gpu.model,
-                        utilization_pct=None if sample is None else sample.utilization_pct,
-                        memory_used_mb=None if sample is None else sample.memory_used_mb,
-                        memory_mb=gpu.memory_mb,
-                        job_id=None if job is None else job[0],
-                        user=None if job is None else job[1],
-                        node_state=node.state.value,
-                    )
-                )
-            heard = node.heard_at
-            rows.append(
-                NodeRow(
-                    name=name,
-                    address=node.address,
-                    state=node.state.value,
-                    reason=node.reason,
-                    gpus_used=len(owner),
-                    gpu_models=", ".join(sorted({g.model for g in node.gpus})) or "none",
-                    heartbeat_age_s=None if heard is None else max(0.0, now - heard),
-                    jobs=tuple(ids),
-                    cells=tuple(cells),
-                )
+                            holders[g] = (rec.id, shown)
+            picked.append((mirror.nodes[name], ids, holders))
+    rows = []
+    for node, ids, holders in picked:
+        reading = head.samples.latest(node.name)
+        fresh = reading is not None and now - reading.time <= STALE_S
+        heard = node.heard_at
+        rows.append(
+            NodeRow(
+                name=node.name,
+                address=node.address,
+                state=node.state.value,
+                reason=node.reason,
+                heartbeat_age_s=None if heard is None else max(0.0, now - heard),
+                jobs=ids,
+                gpus=tuple(node.gpus),
+                holders=holders,
+                readings={g.index: g for g in reading.gpus} if reading and fresh else {},
             )
+        )
     return NodePage(rows=tuple(rows), total=total, page=page, pages=pages)

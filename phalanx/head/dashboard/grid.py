@@ -3,25 +3,51 @@ template loop renders several times slower than this join (bench/dashboard.py)."
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from html import escape
 
 from markupsafe import Markup
 
-from phalanx.head.dashboard.cluster import GpuCell
+from phalanx.head.dashboard.cluster import BUSY_PCT, NodeRow
 
 
-def cells_html(cells: Iterable[GpuCell]) -> Markup:
-    """One `<i class="gpu …">` per GPU: its utilisation level as the class, whether it is
-    busy, the job holding it, and the hover text (where, how busy, whose job)."""
+def cells_html(row: NodeRow) -> Markup:
+    """One `<i class="gpu …">` per GPU of the node: its utilisation level as the class
+    (`u0`…`u10` in tenths, `nodata` without a fresh reading, `down`), whether it is busy,
+    the job holding it, and the hover text (where, how busy, whose job)."""
+    node = escape(row.name)
+    down = row.state == "down"
+    users: dict[str, str] = {}
     out = []
-    for c in cells:
-        held = c.job_id is not None
-        kind = f"gpu {c.level} held" if held else f"gpu {c.level}"
+    for gpu in row.gpus:
+        sample = row.readings.get(gpu.index)
+        util = None if sample is None else sample.utilization_pct
+        shown = "no reading" if util is None else f"{util:.0f}%"
+        if down:
+            level = "down"
+        elif util is None:
+            level = "nodata"
+        else:
+            level = f"u{round(min(100.0, max(0.0, util)) / 10)}"
+        title = f"{node} GPU {gpu.index} · {shown}"
+        if sample is not None and sample.memory_used_mb is not None:
+            title += f" · {sample.memory_used_mb}/{gpu.memory_mb} MiB"
+        busy = "1" if util is not None and util >= BUSY_PCT else "0"
+        holder = row.holders.get(gpu.index)
+        if holder is None:
+            out.append(
+                f'<i class="gpu {level}" data-gpu="{node}:{gpu.index}" data-busy="{busy}"'
+                f' title="{title} · free"></i>'
+            )
+            continue
+        job_id, user = holder
+        if user is None:
+            whose = "another team's"
+        elif user in users:
+            whose = users[user]
+        else:
+            whose = users[user] = escape(user)
         out.append(
-            f'<i class="{kind}" data-gpu="{escape(c.node)}:{c.index}"'
-            f' data-busy="{1 if c.busy else 0}"'
-            + (f' data-job="{c.job_id}"' if held else "")
-            + f' title="{escape(c.title)}"></i>'
+            f'<i class="gpu {level} held" data-gpu="{node}:{gpu.index}" data-busy="{busy}"'
+            f' data-job="{job_id}" title="{title} · job {job_id} ({whose})"></i>'
         )
     return Markup("".join(out))

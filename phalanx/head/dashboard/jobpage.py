@@ -15,12 +15,13 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from phalanx.api import models as m
+from phalanx.core import JobState
 from phalanx.head import jobcontrol
 from phalanx.head.control import HeadError
 from phalanx.head.dashboard import live, series
 from phalanx.head.dashboard.pages import base, stream
 from phalanx.head.dashboard.render import HEADERS, page, render
-from phalanx.head.dashboard.session import Acting, Seen, Viewer, head_of
+from phalanx.head.dashboard.session import Acting, Seen, Viewer, head_of, still_signed_in
 from phalanx.head.records import JobRecord, NodeRecord
 from phalanx.head.service import Head
 
@@ -43,7 +44,7 @@ def _detail(head: Head, seen: Viewer, job_id: int) -> dict[str, Any]:
         "d": detail,
         "job": job,
         "private": private,
-        "can_cancel": private and job.state not in ("CD", "F", "CA", "TO", "NF", "OOM"),
+        "can_cancel": private and not JobState(job.state).terminal,
         "ranks": _ranks(detail),
         "series": json.dumps(_series(head, rec, detail)),
         "spec_json": detail.spec.model_dump_json(indent=2, exclude_defaults=True),
@@ -128,8 +129,10 @@ def job_log(
     rec = head.private_job_record(seen.who, job_id)  # 403/404 before the stream starts
     resume = request.headers.get("last-event-id", "")
     start = int(resume) if resume.isdigit() and len(resume) < 19 else None
+    feed: live.ChangeFeed = request.app.state.dashboard_feed
+    feed.admit()
     return StreamingResponse(
-        _follow(request, head, seen, rec.id, rank, log, start),
+        feed.counted(_follow(request, head, seen, rec.id, rank, log, start)),
         media_type="text/event-stream",
         headers=live.SSE_HEADERS,
     )
@@ -149,6 +152,10 @@ async def _follow(
     waiting_said = False
     node: NodeRecord | None = None
     while not await request.is_disconnected():
+        if not still_signed_in(request):
+            yield live.message("log", "\n[your session ended: sign in again]\n")
+            yield live.message("eof", "")
+            return
         try:
             if node is None:
                 node = head.log_source(head.job_record(seen.who, job_id), rank)

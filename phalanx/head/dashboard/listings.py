@@ -5,16 +5,16 @@ reason and estimated start, and the nodes' health events. A page never holds mor
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import JSON, Connection, cast, func, select, type_coerce
 
 from phalanx.core import JobState, queue_order
 from phalanx.head import db, store
 from phalanx.head.auth import Principal
+from phalanx.head.dashboard.cluster import visible
 from phalanx.head.records import JobRecord
 from phalanx.head.scheduling import pending_reason
 from phalanx.head.service import Head
@@ -43,6 +43,9 @@ class JobPage:
     page: int
     pages: int
     next_before: int | None  # ended jobs: the keyset cursor of the next page
+    # Ended jobs: the page stopped at this id, having searched SCAN_IDS ids without filling
+    # (a selective filter over a long history); the next page searches on from it.
+    searched_to: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +84,7 @@ class EventRow:
 class EventPage:
     rows: tuple[EventRow, ...]
     next_before: int | None
-
-
-def visible(who: Principal, user: str, team: str) -> bool:
-    """Whether `who` sees a job's metadata (as the REST API decides: its owner, its team's
-    members and admins, cluster admins)."""
-    return who.admin or user == who.user or team in who.teams or team in who.admin_of
+    searched_to: int | None = None  # as JobPage's
 
 
 def _gpus(nodes: int, per_node: int) -> str:
@@ -122,6 +120,11 @@ def _matches(
     )
 
 
+# Ended jobs are searched this many ids at a time: a page whose filter (or visibility)
+# matches few jobs reads a bounded id range by primary key, never the whole history.
+SCAN_IDS = 100_000
+
+
 def job_page(
     head: Head,
     who: Principal,
@@ -133,9 +136,11 @@ def job_page(
     page: int,
     before: int | None,
     per: int,
+    window: int = SCAN_IDS,
 ) -> JobPage:
     """One page of the jobs `who` may see: live ones newest first (numbered pages), or ended
-    ones newest first from the database (keyset pages: `before` a job id)."""
+    ones newest first from the database (keyset pages: `before` a job id; each searches at
+    most `window` ids)."""
     if scope == "active":
         with head.control.lock:
             ids = [
@@ -154,7 +159,7 @@ def job_page(
                 _row(head, head.mirror.jobs[i]) for i in ids[(page - 1) * per : page * per]
             )
         return JobPage(rows, "active", total, page, pages, None)
-    return _ended_page(head, who, states, user, team, name, before, per)
+    return _ended_page(head, who, states, user, team, name, before, per, window)
 
 
 def _ended_page(
@@ -166,13 +171,22 @@ def _ended_page(
     name: str | None,
     before: int | None,
     per: int,
+    window: int,
 ) -> JobPage:
     j = db.jobs.c
+    # The job's shape from its stored spec, extracted by the database (a spec may hold a
+    # large script: it is not sent here and parsed row by row).
+    postgres = head.control.engine.dialect.name == "postgresql"  # SQLite reads JSON text
+    spec = cast(j.spec_json, JSON) if postgres else type_coerce(j.spec_json, JSON)
     columns = (
-        j.id, j.name, j.user, j.team, j.state, j.spec_json, j.submit_time, j.start_time,
-        j.end_time, j.exit_code, j.reason, j.reason_message,
+        j.id, j.name, j.user, j.team, j.state, j.submit_time, j.start_time, j.end_time,
+        j.exit_code, j.reason, j.reason_message, spec["nodes"].as_integer().label("nodes"),
+        spec["gpus_per_node"].as_integer().label("gpus_per_node"),
     )  # fmt: skip
-    query = select(*columns).where(j.state.not_in(store.LIVE_STATES))
+    with head.control.engine.connect() as conn:
+        top = before if before is not None else store.max_job_id(conn) + 1
+        low = max(1, top - window)
+        query = select(*columns).where(j.id < top, j.id >= low, j.state.not_in(store.LIVE_STATES))
     if not who.admin:
         teams = sorted(who.teams | who.admin_of)
         query = query.where((j.user == who.user) | j.team.in_(teams))
@@ -185,18 +199,19 @@ def _ended_page(
     if name is not None:
         escaped = name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         query = query.where(j.name.like(f"%{escaped}%", escape="\\"))
-    if before is not None:
-        query = query.where(j.id < before)
     query = query.order_by(j.id.desc()).limit(per + 1)
     with head.control.engine.connect() as conn:
         found = list(conn.execute(query))
     rows = tuple(_ended_row(r) for r in found[:per])
-    more = len(found) > per
-    return JobPage(rows, "ended", None, 1, 1, rows[-1].id if more and rows else None)
+    if len(found) > per:
+        return JobPage(rows, "ended", None, 1, 1, rows[-1].id)
+    if low > 1:  # the window ran out before the page filled: go on below it
+        return JobPage(rows, "ended", None, 1, 1, low, searched_to=low)
+    return JobPage(rows, "ended", None, 1, 1, None)
 
 
 def _ended_row(r: Any) -> JobRow:
-    nodes, per_node = _shape(r.spec_json)
+    nodes, per_node = r.nodes or 1, r.gpus_per_node or 1  # absent from a spec: defaults
     return JobRow(
         id=r.id,
         name=r.name,
@@ -212,15 +227,6 @@ def _ended_row(r: Any) -> JobRow:
     )
 
 
-def _shape(spec_json: str) -> tuple[int, int]:
-    """(nodes, GPUs per node) of a stored spec, without parsing the whole spec into a model."""
-    try:
-        spec = json.loads(spec_json)
-        return int(spec.get("nodes", 1)), int(spec.get("gpus_per_node", 1))
-    except (ValueError, TypeError, AttributeError):
-        return 1, 1
-
-
 def queue_page(head: Head, who: Principal, page: int, per: int) -> QueuePage:
     """The pending jobs `who` may see: those the scheduler considers, in its order (with
     their rank among all queued jobs), then those not yet eligible (dependencies, holds,
@@ -230,30 +236,37 @@ def queue_page(head: Head, who: Principal, page: int, per: int) -> QueuePage:
         mirror = head.mirror
         core = mirror.core
         reservation = mirror.decisions.reservation if mirror.decisions is not None else None
-        ordered: list[tuple[int | None, JobRecord]] = []
-        seen: set[int] = set()
+        # The eligible ones (in the scheduler's queues) and the rest, both as `who` sees
+        # them; the scheduler's order is walked only as far as this page reaches.
+        eligible: set[int] = set()
         if core is not None:
-            for place, job in enumerate(queue_order(core, now), start=1):
-                seen.add(job.id)
-                rec = mirror.jobs.get(job.id)
-                if rec is not None and visible(who, rec.user, rec.team):
-                    ordered.append((place, rec))
-        rest = sorted(
-            (
-                rec
-                for rec in mirror.jobs.values()
-                if rec.state is JobState.PENDING
-                and rec.id not in seen
-                and visible(who, rec.user, rec.team)
-            ),
-            key=lambda r: r.id,
-        )
-        ordered.extend((None, rec) for rec in rest)
-        total = len(ordered)
+            for queue in core.queues.values():
+                eligible.update(int(key[-1]) for key, _ in queue)
+        shown_eligible = 0
+        rest: list[JobRecord] = []
+        for rec in mirror.jobs.values():
+            if rec.state is JobState.PENDING and visible(who, rec.user, rec.team):
+                if rec.id in eligible:
+                    shown_eligible += 1
+                else:
+                    rest.append(rec)
+        total = shown_eligible + len(rest)
         pages = max(1, -(-total // per))
         page = min(page, pages)
+        first, last = (page - 1) * per, page * per
+        walked: list[tuple[int | None, JobRecord]] = []
+        if core is not None and first < shown_eligible:
+            for place, job in enumerate(queue_order(core, now), start=1):
+                queued = mirror.jobs.get(job.id)
+                if queued is not None and visible(who, queued.user, queued.team):
+                    walked.append((place, queued))
+                    if len(walked) >= last:
+                        break
+        rest.sort(key=lambda r: r.id)
+        after = rest[max(0, first - shown_eligible) : max(0, last - shown_eligible)]
+        picked = walked[first:] + [(None, rec) for rec in after]
         rows = []
-        for rank, rec in ordered[(page - 1) * per : page * per]:
+        for rank, rec in picked:
             code, message = pending_reason(mirror, rec)
             start: float | None = None
             if reservation is not None and reservation.job_id == rec.id:
@@ -279,31 +292,49 @@ def queue_page(head: Head, who: Principal, page: int, per: int) -> QueuePage:
 
 
 def event_page(
-    head: Head, kinds: set[str] | None, node: str | None, before: int | None, per: int
+    head: Head,
+    kinds: set[str] | None,
+    node: str | None,
+    before: int | None,
+    per: int,
+    window: int = SCAN_IDS,
 ) -> EventPage:
-    """Node events (no job's), newest first: drains, failures, GPU faults and XIDs, …"""
+    """Node events (no job's), newest first: drains, failures, GPU faults and XIDs, …;
+    searching at most `window` event ids per page (the log holds every job's events too)."""
     e = db.events.c
-    query = select(e.id, e.time, e.node, e.kind, e.message).where(
-        e.job_id.is_(None), e.node.is_not(None)
-    )
-    if kinds is not None:
-        query = query.where(e.kind.in_(sorted(kinds)))
-    if node is not None:
-        query = query.where(e.node == node)
-    if before is not None:
-        query = query.where(e.id < before)
-    query = query.order_by(e.id.desc()).limit(per + 1)
     with head.control.engine.connect() as conn:
-        found = list(conn.execute(query))
+        top = before if before is not None else _max_event_id(conn) + 1
+        low = max(1, top - window)
+        query = select(e.id, e.time, e.node, e.kind, e.message).where(
+            e.id < top, e.id >= low, e.job_id.is_(None), e.node.is_not(None)
+        )
+        if kinds is not None:
+            query = query.where(e.kind.in_(sorted(kinds)))
+        if node is not None:
+            query = query.where(e.node == node)
+        found = list(conn.execute(query.order_by(e.id.desc()).limit(per + 1)))
     rows = tuple(EventRow(r.id, r.time, r.node, r.kind, r.message) for r in found[:per])
-    return EventPage(rows, rows[-1].id if len(found) > per and rows else None)
+    if len(found) > per:
+        return EventPage(rows, rows[-1].id)
+    if low > 1:
+        return EventPage(rows, low, searched_to=low)
+    return EventPage(rows, None)
+
+
+def _max_event_id(conn: Connection) -> int:
+    return int(conn.execute(select(func.max(db.events.c.id))).scalar() or 0)
 
 
 def event_kinds(head: Head) -> list[str]:
-    """The node event kinds recorded so far (the health page's filter choices)."""
+    """The node event kinds among the newest SCAN_IDS events (the health page's filter
+    choices)."""
     e = db.events.c
     with head.control.engine.connect() as conn:
+        low = _max_event_id(conn) - SCAN_IDS
         found = conn.execute(
-            select(e.kind).where(e.job_id.is_(None), e.node.is_not(None)).distinct().limit(100)
+            select(e.kind)
+            .where(e.id > low, e.job_id.is_(None), e.node.is_not(None))
+            .distinct()
+            .limit(100)
         )
         return sorted(r.kind for r in found)

@@ -17,9 +17,10 @@ import hashlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-from fastapi import Request
+from fastapi import HTTPException, Request
 
 from phalanx.head.control import ControlThread
+from phalanx.head.dashboard.session import still_signed_in
 
 POLL_S = 0.1
 MIN_GAP_S = 0.25
@@ -29,6 +30,10 @@ MIN_GAP_S = 0.25
 GAP_FACTOR = 10
 KEEPALIVE_S = 15.0  # a comment line so proxies and browsers keep the stream open
 RETRY_MS = 2000  # how soon a browser reconnects a dropped stream
+SIGNED_OUT = '<p class="error">Your session ended: <a href="/ui/login">sign in again</a>.</p>'
+# Open streams per head (pages and log tails together); past it a new one gets 503 and
+# its browser retries RETRY_MS later. Each costs a task and, while it changes, renders.
+MAX_STREAMS = 512
 
 
 class ChangeFeed:
@@ -39,6 +44,25 @@ class ChangeFeed:
         self._event = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.waiters = 0
+        self.streams = 0  # open SSE streams (admit/leave)
+
+    def admit(self) -> None:
+        """503 when MAX_STREAMS are open (a stream counts itself while it runs: `counted`)."""
+        if self.streams >= MAX_STREAMS:
+            raise HTTPException(
+                503,
+                f"the head serves {MAX_STREAMS} live views already: try again shortly",
+                headers={"Retry-After": "5"},
+            )
+
+    async def counted(self, chunks: AsyncIterator[str]) -> AsyncIterator[str]:
+        """`chunks`, counted among the open streams while they flow."""
+        self.streams += 1
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            self.streams -= 1
 
     @property
     def version(self) -> int:
@@ -89,12 +113,26 @@ async def fragments(
     render: Callable[[], Awaitable[str]],
 ) -> AsyncIterator[str]:
     """The stream of one page's fragment: sent when it changes, at most every MIN_GAP_S."""
+    async for chunk in feed.counted(_fragments(request, feed, event, render)):
+        yield chunk
+
+
+async def _fragments(
+    request: Request,
+    feed: ChangeFeed,
+    event: str,
+    render: Callable[[], Awaitable[str]],
+) -> AsyncIterator[str]:
     yield f"retry: {RETRY_MS}\n\n"
     last_digest = b""
     seen = -1
     while not await request.is_disconnected():
         version = feed.version
         if version != seen:
+            if not still_signed_in(request):
+                yield message(event, SIGNED_OUT)
+                yield message("signed-out", "")
+                return
             seen = version
             started = time.perf_counter()
             html = await render()

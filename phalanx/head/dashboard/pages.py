@@ -51,6 +51,7 @@ def stream(request: Request, event: str, build: Callable[[], str]) -> StreamingR
     async def rendered() -> str:
         return await asyncio.to_thread(build)
 
+    feed.admit()
     return StreamingResponse(
         live.fragments(request, feed, event, rendered),
         media_type="text/event-stream",
@@ -85,7 +86,7 @@ def overview_live(request: Request, seen: Seen) -> StreamingResponse:
 
 # ----------------------------------------------------------------------- nodes
 def _nodes(head: Head, seen: Viewer, state: str, q: str, page_no: int, per: int) -> str:
-    found = cluster.node_page(head, state or None, q or None, page_no, per)
+    found = cluster.node_page(head, seen.who, state or None, q or None, page_no, per)
     query = {"state": state, "q": q, "per": per}
     return render("_nodes.html", p=found, viewer=seen, query=query)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
+import hashlib
 import math
 from importlib import resources
 from typing import Any
@@ -17,7 +18,7 @@ from fastapi.responses import HTMLResponse
 from phalanx.head.dashboard import grid
 
 CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "default-src 'self'; script-src 'self'; style-src 'self'; "
     "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; form-action 'self'; "
     "base-uri 'none'; object-src 'none'"
 )
@@ -64,6 +65,34 @@ def _qs(query: dict[str, Any]) -> str:
     return urlencode({k: v for k, v in query.items() if v not in ("", None)})
 
 
+def static_files() -> dict[str, tuple[bytes, str]]:
+    """name → (bytes, media type) of everything under static/ (vendored libraries, our CSS
+    and script), read once: the dashboard serves only these names."""
+    kinds = {".js": "text/javascript", ".css": "text/css", ".LICENSE": "text/plain"}
+    out: dict[str, tuple[bytes, str]] = {}
+    root = resources.files("phalanx.head.dashboard") / "static"
+    for folder in (root, root / "vendor"):
+        for item in folder.iterdir():
+            if not item.is_file():
+                continue
+            suffix = next((k for k in kinds if item.name.endswith(k)), None)
+            if suffix is None:
+                continue
+            prefix = "vendor/" if folder is not root else ""
+            out[prefix + item.name] = (item.read_bytes(), kinds[suffix])
+    return out
+
+
+STATIC = static_files()
+_VERSIONS = {name: hashlib.sha256(body).hexdigest()[:12] for name, (body, _) in STATIC.items()}
+
+
+def static_url(name: str) -> str:
+    """A static file's URL with its content's hash: a browser may cache it for long, and
+    a head with a changed file is asked for the new one."""
+    return f"/ui/static/{name}?v={_VERSIONS[name]}"
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("phalanx.head.dashboard", "templates"),
@@ -78,6 +107,7 @@ def _environment() -> jinja2.Environment:
     env.filters["num"] = _num
     env.filters["qs"] = _qs
     env.filters["gridcells"] = grid.cells_html
+    env.globals["static"] = static_url
     return env
 
 
@@ -107,21 +137,3 @@ def page(
         headers["Content-Encoding"] = "gzip"
         headers["Vary"] = "Accept-Encoding"
     return HTMLResponse(body, status_code=status, headers=headers)
-
-
-def static_files() -> dict[str, tuple[bytes, str]]:
-    """name → (bytes, media type) of everything under static/ (vendored libraries, our CSS
-    and script), read once: the dashboard serves only these names."""
-    kinds = {".js": "text/javascript", ".css": "text/css", ".LICENSE": "text/plain"}
-    out: dict[str, tuple[bytes, str]] = {}
-    root = resources.files("phalanx.head.dashboard") / "static"
-    for folder in (root, root / "vendor"):
-        for item in folder.iterdir():
-            if not item.is_file():
-                continue
-            suffix = next((k for k in kinds if item.name.endswith(k)), None)
-            if suffix is None:
-                continue
-            prefix = "vendor/" if folder is not root else ""
-            out[prefix + item.name] = (item.read_bytes(), kinds[suffix])
-    return out

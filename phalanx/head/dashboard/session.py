@@ -72,6 +72,12 @@ def sign_in(head: Head, token: str) -> Principal:
     return who
 
 
+def still_signed_in(request: Request) -> bool:
+    """Whether the request's session still works (a long-lived stream asks before each
+    update: a token revoked or expired meanwhile, or a disabled user, ends it)."""
+    return _session(request) is not None
+
+
 def _session(request: Request) -> Viewer | None:
     token = request.cookies.get(COOKIE)
     if not token:
