@@ -279,42 +279,49 @@ def report(
         .group_by(period, key)
         .order_by(period, key)
     )
-    return [_hours(r.period, r.key, r) for r in conn.execute(query)]
+    # Plain tuples into plain dicts: a year by user per day is ~200,000 rows.
+    return [
+        _hours(p, k, a or 0.0, u or 0.0, i or 0.0, j or 0, f or 0, n or 0)
+        for p, k, a, u, i, j, f, n in conn.execute(query)
+    ]
 
 
-def _hours(period: str, key: str, r: Any) -> dict[str, Any]:
-    alloc, util = float(r.alloc_gpu_s or 0), float(r.util_gpu_s or 0)
+def _hours(
+    period: str,
+    key: str,
+    alloc: float,
+    util: float,
+    idle: float,
+    jobs: float,
+    failures: float,
+    preemptions: float,
+) -> dict[str, Any]:
     return {
         "period": period,
         "key": key,
         "alloc_gpu_hours": alloc / 3600.0,
         "util_gpu_hours": util / 3600.0,
-        "idle_gpu_hours": float(r.idle_gpu_s or 0) / 3600.0,
+        "idle_gpu_hours": idle / 3600.0,
         "utilization_pct": None if alloc <= 0 else min(100.0, 100.0 * util / alloc),
-        "jobs": int(r.jobs or 0),
-        "failures": int(r.failures or 0),
-        "preemptions": int(r.preemptions or 0),
+        "jobs": int(jobs),
+        "failures": int(failures),
+        "preemptions": int(preemptions),
     }
 
 
 def total(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The rows summed (period and key `total`)."""
-
-    @dataclass
-    class _Sum:
-        alloc_gpu_s: float = 0.0
-        util_gpu_s: float = 0.0
-        idle_gpu_s: float = 0.0
-        jobs: int = 0
-        failures: int = 0
-        preemptions: int = 0
-
-    s = _Sum()
+    sums = [0.0] * 6
+    names = (
+        "alloc_gpu_hours",
+        "util_gpu_hours",
+        "idle_gpu_hours",
+        "jobs",
+        "failures",
+        "preemptions",
+    )
     for r in rows:
-        s.alloc_gpu_s += r["alloc_gpu_hours"] * 3600.0
-        s.util_gpu_s += r["util_gpu_hours"] * 3600.0
-        s.idle_gpu_s += r["idle_gpu_hours"] * 3600.0
-        s.jobs += r["jobs"]
-        s.failures += r["failures"]
-        s.preemptions += r["preemptions"]
-    return _hours("total", "total", s)
+        for k, name in enumerate(names):
+            sums[k] += r[name]
+    alloc, util, idle = (x * 3600.0 for x in sums[:3])
+    return _hours("total", "total", alloc, util, idle, sums[3], sums[4], sums[5])
