@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, and_, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Table, and_, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from phalanx.core import JobState
@@ -239,20 +239,37 @@ def _gpus(job: Any) -> int:
 
 
 def _upsert(conn: Connection, amounts: dict[UsageKey, list[float]]) -> None:
-    """Add `amounts` to the rollup rows (created at zero when new)."""
+    """Add `amounts` to the rollup rows (created at zero when new), and to the rows of
+    each dimension alone."""
     if not amounts:
         return
-    t = db.usage_daily
-    rows: list[dict[str, Any]] = []
+    groups: dict[tuple[str, str, str], list[float]] = {}
     for (d, u, te, q), v in amounts.items():
-        row: dict[str, Any] = {"day": d, "user": u, "team": te, "qos": q}
-        for i, name in enumerate(AMOUNTS):
-            row[name] = v[i] if i < JOBS else round(v[i])
-        rows.append(row)
+        for dim, key in (("user", u), ("team", te), ("qos", q)):
+            row = groups.get((dim, d, key))
+            if row is None:
+                groups[(dim, d, key)] = list(v)
+            else:
+                for i, x in enumerate(v):
+                    row[i] += x
+    daily = [
+        {"day": d, "user": u, "team": te, "qos": q, **_numbers(v)}
+        for (d, u, te, q), v in amounts.items()
+    ]
+    by_dim = [{"dim": dim, "day": d, "key": k, **_numbers(v)} for (dim, d, k), v in groups.items()]
+    _add(conn, db.usage_daily, ("day", "user", "team", "qos"), daily)
+    _add(conn, db.usage_groups, ("dim", "day", "key"), by_dim)
+
+
+def _numbers(v: list[float]) -> dict[str, Any]:
+    return {name: v[i] if i < JOBS else round(v[i]) for i, name in enumerate(AMOUNTS)}
+
+
+def _add(conn: Connection, t: Table, keys: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     stmt = dialect.insert(t)
     stmt = stmt.on_conflict_do_update(
-        index_elements=[t.c.day, t.c.user, t.c.team, t.c.qos],
+        index_elements=[t.c[k] for k in keys],
         set_={name: t.c[name] + stmt.excluded[name] for name in AMOUNTS},
     )
     for i in range(0, len(rows), 5000):
@@ -264,25 +281,39 @@ def report(
     conn: Connection, by: By, per: Per, since: str, until: str, scope: Scope | None
 ) -> list[dict[str, Any]]:
     """The rollup over days [since, until) (`YYYY-MM-DD`), grouped by `by` and period,
-    as rows of hours and counts ordered by period then key; only what `scope` may see."""
-    t = db.usage_daily
-    period = t.c.day if per == "day" else func.substr(t.c.day, 1, 7)
-    key = t.c[by]
-    where = [t.c.day >= since, t.c.day < until]
-    if scope is not None:
+    as rows of hours and counts ordered by period then key; only what `scope` may see.
+
+    Everything (an admin): the one-dimension rows, read in their key's order (per day
+    they are the answer's rows already). A scope: the full rows, the caller's and their
+    teams' only."""
+    sums: list[Any]
+    if scope is None:
+        t = db.usage_groups
+        key = t.c.key
+        where = [t.c.dim == by, t.c.day >= since, t.c.day < until]
+        if per == "day":
+            columns = [t.c.day, key, *(t.c[name] for name in AMOUNTS)]
+            query = select(*columns).where(and_(*where)).order_by(t.c.day, key)
+            return _rows(conn.execute(query))
+    else:
+        t = db.usage_daily
+        key = t.c[by]
+        where = [t.c.day >= since, t.c.day < until]
         mine = t.c.user == scope.user
         where.append(or_(mine, t.c.team.in_(sorted(scope.admin_of))) if scope.admin_of else mine)
-    sums = [func.sum(t.c[name]).label(name) for name in AMOUNTS]
+    period = t.c.day if per == "day" else func.substr(t.c.day, 1, 7)
+    sums = [func.sum(t.c[name]) for name in AMOUNTS]
     query = (
-        select(period.label("period"), key.label("key"), *sums)
-        .where(and_(*where))
-        .group_by(period, key)
-        .order_by(period, key)
+        select(period, key, *sums).where(and_(*where)).group_by(period, key).order_by(period, key)
     )
+    return _rows(conn.execute(query))
+
+
+def _rows(result: Any) -> list[dict[str, Any]]:
     # Plain tuples into plain dicts: a year by user per day is ~200,000 rows.
     return [
         _hours(p, k, a or 0.0, u or 0.0, i or 0.0, j or 0, f or 0, n or 0)
-        for p, k, a, u, i, j, f, n in conn.execute(query)
+        for p, k, a, u, i, j, f, n in result
     ]
 
 

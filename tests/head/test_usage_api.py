@@ -277,6 +277,14 @@ def test_the_rollup_replays_the_event_log_and_resumes_after_a_restart(engine: sa
         days = report(conn, "user", "day", "2026-03-01", "2026-05-01", None)
         months = report(conn, "team", "month", "2026-03-01", "2026-05-01", None)
         anns = report(conn, "user", "day", "2026-03-01", "2026-05-01", Scope("ann", frozenset()))
+        # An admin's report reads the one-dimension rows; a team admin of every team reads
+        # the full rows: the same numbers.
+        everyone = Scope("nobody", frozenset({"red", "blue"}))
+        for by in ("user", "team", "qos"):
+            for per in ("day", "month"):
+                whole = report(conn, by, per, "2026-03-01", "2026-05-01", None)
+                scoped = report(conn, by, per, "2026-03-01", "2026-05-01", everyone)
+                assert whole == scoped, (by, per)
     got = {(r["period"], r["key"]): r for r in days}
     assert sorted(got) == [
         ("2026-03-31", "ann"),
