@@ -292,9 +292,7 @@ def report(
         key = t.c.key
         where = [t.c.dim == by, t.c.day >= since, t.c.day < until]
         if per == "day":
-            columns = [t.c.day, key, *(t.c[name] for name in AMOUNTS)]
-            query = select(*columns).where(and_(*where)).order_by(t.c.day, key)
-            return _rows(conn.execute(query))
+            return _rows(_driver_rows(conn, by, since, until))
     else:
         t = db.usage_daily
         key = t.c[by]
@@ -307,6 +305,21 @@ def report(
         select(period, key, *sums).where(and_(*where)).group_by(period, key).order_by(period, key)
     )
     return _rows(conn.execute(query))
+
+
+# The answer's rows as they are stored: read through the database driver itself, as SQL
+# Core's row objects cost as much again as the query (~200,000 rows for a year by user).
+_GROUP_ROWS = (
+    "SELECT day, key, alloc_gpu_s, util_gpu_s, idle_gpu_s, jobs, failures, preemptions "
+    "FROM usage_groups WHERE dim = ? AND day >= ? AND day < ? ORDER BY day, key"
+)
+
+
+def _driver_rows(conn: Connection, by: str, since: str, until: str) -> list[Any]:
+    raw: Any = conn.connection.driver_connection
+    sql = _GROUP_ROWS if conn.dialect.name == "sqlite" else _GROUP_ROWS.replace("?", "%s")
+    rows: list[Any] = raw.execute(sql, (by, since, until)).fetchall()
+    return rows
 
 
 def _rows(result: Any) -> list[dict[str, Any]]:
