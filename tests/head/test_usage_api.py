@@ -189,6 +189,12 @@ def test_idle_policy_is_set_by_admins_and_shown_to_all(head: HeadProc) -> None:
     reset = cli(head, "admin", "team", "idle-policy", "green", "--reset")
     assert "(default)" in reset.stdout
     assert IdlePolicyInfo.model_validate(admin.get(path).json()).default is True
+    # A team deleted takes its policy along: made again, it starts on the default.
+    assert admin.put(path, json=body).status_code == 200
+    assert admin.delete("/v1/teams/green").status_code == 204
+    assert admin.get(path).status_code == 404
+    admin.put("/v1/teams/green", json={"name": "green"}).raise_for_status()
+    assert IdlePolicyInfo.model_validate(admin.get(path).json()).default is True
 
 
 def test_idle_gpu_lists_respect_who_may_see_the_job(head: HeadProc) -> None:
