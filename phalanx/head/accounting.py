@@ -129,20 +129,21 @@ class Rollup:
             if not rows:
                 return applied
             jobs = _jobs(conn, {r.job_id for r in rows})
+            starts = {r.job_id for r in rows if r.to_state in HOLDS and r.from_state not in HOLDS}
+            gpus = _gpus(conn, starts)
             for r in rows:
-                self._apply(amounts, r, jobs.get(r.job_id))
+                self._apply(amounts, r, jobs.get(r.job_id), gpus.get(r.job_id, 1))
                 self._last_event = r.id
             applied += len(rows)
             if len(rows) < EVENT_BATCH:
                 return applied
 
-    def _apply(self, amounts: dict[UsageKey, list[float]], r: Any, job: Any) -> None:
+    def _apply(self, amounts: dict[UsageKey, list[float]], r: Any, job: Any, gpus: int) -> None:
         was, to, t = r.from_state, r.to_state, r.time
         open_job = self._open.get(r.job_id)
         if to in HOLDS and was not in HOLDS and job is not None:
             if open_job is not None:  # a start the rollup missed the end of: close it
                 self._close(amounts, r.job_id, t)
-            gpus = _gpus(job)
             self._open[r.job_id] = _Open(r.epoch or 0, gpus, job.user, job.team, job.qos, t)
             self._closed.discard(r.job_id)
         elif was in HOLDS and to not in HOLDS and open_job is not None:
@@ -217,25 +218,34 @@ def _row(amounts: dict[UsageKey, list[float]], key: UsageKey) -> list[float]:
 
 
 def _jobs(conn: Connection, ids: set[int]) -> dict[int, Any]:
+    """Job id → (user, team, qos)."""
     j = db.jobs
     out: dict[int, Any] = {}
     ordered = sorted(ids)
     for i in range(0, len(ordered), 5000):
         chunk = ordered[i : i + 5000]
         for row in conn.execute(
-            select(j.c.id, j.c.user, j.c.team, j.c.qos, j.c.spec_json).where(j.c.id.in_(chunk))
+            select(j.c.id, j.c.user, j.c.team, j.c.qos).where(j.c.id.in_(chunk))
         ):
             out[row.id] = row
     return out
 
 
-def _gpus(job: Any) -> int:
-    """GPUs a run of the job holds: nodes × GPUs per node, as its spec asked."""
-    try:
-        spec = json.loads(job.spec_json)
-        return int(spec.get("nodes", 1)) * int(spec.get("gpus_per_node", 1))
-    except (ValueError, TypeError, AttributeError):
-        return 1
+def _gpus(conn: Connection, ids: set[int]) -> dict[int, int]:
+    """Job id → the GPUs a run of it holds: nodes × GPUs per node, as its spec asked. Specs
+    are read a few at a time (one may be 256 KB) and only their two numbers kept."""
+    j = db.jobs
+    out: dict[int, int] = {}
+    ordered = sorted(ids)
+    for i in range(0, len(ordered), 200):
+        chunk = ordered[i : i + 200]
+        for job_id, text in conn.execute(select(j.c.id, j.c.spec_json).where(j.c.id.in_(chunk))):
+            try:
+                spec = json.loads(text)
+                out[job_id] = int(spec.get("nodes", 1)) * int(spec.get("gpus_per_node", 1))
+            except (ValueError, TypeError, AttributeError):
+                out[job_id] = 1
+    return out
 
 
 def _upsert(conn: Connection, amounts: dict[UsageKey, list[float]]) -> None:
