@@ -256,8 +256,10 @@ def idle_policy(
     if json_out:
         print_json(current)
         return
-    then = "" if current.action == "notify" else f", then {current.action} after "
-    then += "" if current.action == "notify" else span_text(current.grace_s)
+    if current.action == "notify":
+        then = " (an event in the job's log; no action)"
+    else:
+        then = f", then {current.action} after {span_text(current.grace_s)}"
     default = " (default)" if current.default else ""
     typer.echo(
         f"team {team}: GPUs at ≤ {current.threshold_pct:g}% for {span_text(current.window_s)} "

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Engine, and_, delete, func, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Table, and_, delete, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from phalanx.core import JobState
@@ -129,20 +129,21 @@ class Rollup:
             if not rows:
                 return applied
             jobs = _jobs(conn, {r.job_id for r in rows})
+            starts = {r.job_id for r in rows if r.to_state in HOLDS and r.from_state not in HOLDS}
+            gpus = _gpus(conn, starts)
             for r in rows:
-                self._apply(amounts, r, jobs.get(r.job_id))
+                self._apply(amounts, r, jobs.get(r.job_id), gpus.get(r.job_id, 1))
                 self._last_event = r.id
             applied += len(rows)
             if len(rows) < EVENT_BATCH:
                 return applied
 
-    def _apply(self, amounts: dict[UsageKey, list[float]], r: Any, job: Any) -> None:
+    def _apply(self, amounts: dict[UsageKey, list[float]], r: Any, job: Any, gpus: int) -> None:
         was, to, t = r.from_state, r.to_state, r.time
         open_job = self._open.get(r.job_id)
         if to in HOLDS and was not in HOLDS and job is not None:
             if open_job is not None:  # a start the rollup missed the end of: close it
                 self._close(amounts, r.job_id, t)
-            gpus = _gpus(job)
             self._open[r.job_id] = _Open(r.epoch or 0, gpus, job.user, job.team, job.qos, t)
             self._closed.discard(r.job_id)
         elif was in HOLDS and to not in HOLDS and open_job is not None:
@@ -217,42 +218,68 @@ def _row(amounts: dict[UsageKey, list[float]], key: UsageKey) -> list[float]:
 
 
 def _jobs(conn: Connection, ids: set[int]) -> dict[int, Any]:
+    """Job id → (user, team, qos)."""
     j = db.jobs
     out: dict[int, Any] = {}
     ordered = sorted(ids)
     for i in range(0, len(ordered), 5000):
         chunk = ordered[i : i + 5000]
         for row in conn.execute(
-            select(j.c.id, j.c.user, j.c.team, j.c.qos, j.c.spec_json).where(j.c.id.in_(chunk))
+            select(j.c.id, j.c.user, j.c.team, j.c.qos).where(j.c.id.in_(chunk))
         ):
             out[row.id] = row
     return out
 
 
-def _gpus(job: Any) -> int:
-    """GPUs a run of the job holds: nodes × GPUs per node, as its spec asked."""
-    try:
-        spec = json.loads(job.spec_json)
-        return int(spec.get("nodes", 1)) * int(spec.get("gpus_per_node", 1))
-    except (ValueError, TypeError, AttributeError):
-        return 1
+def _gpus(conn: Connection, ids: set[int]) -> dict[int, int]:
+    """Job id → the GPUs a run of it holds: nodes × GPUs per node, as its spec asked. Specs
+    are read a few at a time (one may be 256 KB) and only their two numbers kept."""
+    j = db.jobs
+    out: dict[int, int] = {}
+    ordered = sorted(ids)
+    for i in range(0, len(ordered), 200):
+        chunk = ordered[i : i + 200]
+        for job_id, text in conn.execute(select(j.c.id, j.c.spec_json).where(j.c.id.in_(chunk))):
+            try:
+                spec = json.loads(text)
+                out[job_id] = int(spec.get("nodes", 1)) * int(spec.get("gpus_per_node", 1))
+            except (ValueError, TypeError, AttributeError):
+                out[job_id] = 1
+    return out
 
 
 def _upsert(conn: Connection, amounts: dict[UsageKey, list[float]]) -> None:
-    """Add `amounts` to the rollup rows (created at zero when new)."""
+    """Add `amounts` to the rollup rows (created at zero when new), and to the rows of
+    each dimension alone."""
     if not amounts:
         return
-    t = db.usage_daily
-    rows: list[dict[str, Any]] = []
+    groups: dict[tuple[str, str, str], list[float]] = {}
     for (d, u, te, q), v in amounts.items():
-        row: dict[str, Any] = {"day": d, "user": u, "team": te, "qos": q}
-        for i, name in enumerate(AMOUNTS):
-            row[name] = v[i] if i < JOBS else round(v[i])
-        rows.append(row)
+        for dim, key in (("user", u), ("team", te), ("qos", q)):
+            row = groups.get((dim, d, key))
+            if row is None:
+                groups[(dim, d, key)] = list(v)
+            else:
+                for i, x in enumerate(v):
+                    row[i] += x
+    daily = [
+        {"day": d, "user": u, "team": te, "qos": q, **_numbers(v)}
+        for (d, u, te, q), v in amounts.items()
+    ]
+    by_dim = [{"dim": dim, "day": d, "key": k, **_numbers(v)} for (dim, d, k), v in groups.items()]
+    _add(conn, db.usage_daily, ("day", "user", "team", "qos"), daily)
+    _add(conn, db.usage_groups, ("dim", "day", "key"), by_dim)
+
+
+def _numbers(v: list[float]) -> dict[str, Any]:
+    return {name: v[i] if i < JOBS else round(v[i]) for i, name in enumerate(AMOUNTS)}
+
+
+def _add(conn: Connection, t: Table, keys: tuple[str, ...], rows: list[dict[str, Any]]) -> None:
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     stmt = dialect.insert(t)
     stmt = stmt.on_conflict_do_update(
-        index_elements=[t.c.day, t.c.user, t.c.team, t.c.qos],
+        index_elements=[t.c[k] for k in keys],
         set_={name: t.c[name] + stmt.excluded[name] for name in AMOUNTS},
     )
     for i in range(0, len(rows), 5000):
@@ -264,57 +291,91 @@ def report(
     conn: Connection, by: By, per: Per, since: str, until: str, scope: Scope | None
 ) -> list[dict[str, Any]]:
     """The rollup over days [since, until) (`YYYY-MM-DD`), grouped by `by` and period,
-    as rows of hours and counts ordered by period then key; only what `scope` may see."""
-    t = db.usage_daily
-    period = t.c.day if per == "day" else func.substr(t.c.day, 1, 7)
-    key = t.c[by]
-    where = [t.c.day >= since, t.c.day < until]
-    if scope is not None:
+    as rows of hours and counts ordered by period then key; only what `scope` may see.
+
+    Everything (an admin): the one-dimension rows, read in their key's order (per day
+    they are the answer's rows already). A scope: the full rows, the caller's and their
+    teams' only."""
+    sums: list[Any]
+    if scope is None:
+        t = db.usage_groups
+        key = t.c.key
+        where = [t.c.dim == by, t.c.day >= since, t.c.day < until]
+        if per == "day":
+            return _rows(_driver_rows(conn, by, since, until))
+    else:
+        t = db.usage_daily
+        key = t.c[by]
+        where = [t.c.day >= since, t.c.day < until]
         mine = t.c.user == scope.user
         where.append(or_(mine, t.c.team.in_(sorted(scope.admin_of))) if scope.admin_of else mine)
-    sums = [func.sum(t.c[name]).label(name) for name in AMOUNTS]
+    period = t.c.day if per == "day" else func.substr(t.c.day, 1, 7)
+    sums = [func.sum(t.c[name]) for name in AMOUNTS]
     query = (
-        select(period.label("period"), key.label("key"), *sums)
-        .where(and_(*where))
-        .group_by(period, key)
-        .order_by(period, key)
+        select(period, key, *sums).where(and_(*where)).group_by(period, key).order_by(period, key)
     )
-    return [_hours(r.period, r.key, r) for r in conn.execute(query)]
+    return _rows(conn.execute(query))
 
 
-def _hours(period: str, key: str, r: Any) -> dict[str, Any]:
-    alloc, util = float(r.alloc_gpu_s or 0), float(r.util_gpu_s or 0)
+# The answer's rows as they are stored: read through the database driver itself, as SQL
+# Core's row objects cost as much again as the query (~200,000 rows for a year by user).
+_GROUP_ROWS = (
+    "SELECT day, key, alloc_gpu_s, util_gpu_s, idle_gpu_s, jobs, failures, preemptions "
+    "FROM usage_groups WHERE dim = ? AND day >= ? AND day < ? ORDER BY day, key"
+)
+
+
+def _driver_rows(conn: Connection, by: str, since: str, until: str) -> list[Any]:
+    raw: Any = conn.connection.driver_connection
+    sql = _GROUP_ROWS if conn.dialect.name == "sqlite" else _GROUP_ROWS.replace("?", "%s")
+    rows: list[Any] = raw.execute(sql, (by, since, until)).fetchall()
+    return rows
+
+
+def _rows(result: Any) -> list[dict[str, Any]]:
+    # Plain tuples into plain dicts: a year by user per day is ~200,000 rows.
+    return [
+        _hours(p, k, a or 0.0, u or 0.0, i or 0.0, j or 0, f or 0, n or 0)
+        for p, k, a, u, i, j, f, n in result
+    ]
+
+
+def _hours(
+    period: str,
+    key: str,
+    alloc: float,
+    util: float,
+    idle: float,
+    jobs: float,
+    failures: float,
+    preemptions: float,
+) -> dict[str, Any]:
     return {
         "period": period,
         "key": key,
         "alloc_gpu_hours": alloc / 3600.0,
         "util_gpu_hours": util / 3600.0,
-        "idle_gpu_hours": float(r.idle_gpu_s or 0) / 3600.0,
+        "idle_gpu_hours": idle / 3600.0,
         "utilization_pct": None if alloc <= 0 else min(100.0, 100.0 * util / alloc),
-        "jobs": int(r.jobs or 0),
-        "failures": int(r.failures or 0),
-        "preemptions": int(r.preemptions or 0),
+        "jobs": int(jobs),
+        "failures": int(failures),
+        "preemptions": int(preemptions),
     }
 
 
 def total(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """The rows summed (period and key `total`)."""
-
-    @dataclass
-    class _Sum:
-        alloc_gpu_s: float = 0.0
-        util_gpu_s: float = 0.0
-        idle_gpu_s: float = 0.0
-        jobs: int = 0
-        failures: int = 0
-        preemptions: int = 0
-
-    s = _Sum()
+    sums = [0.0] * 6
+    names = (
+        "alloc_gpu_hours",
+        "util_gpu_hours",
+        "idle_gpu_hours",
+        "jobs",
+        "failures",
+        "preemptions",
+    )
     for r in rows:
-        s.alloc_gpu_s += r["alloc_gpu_hours"] * 3600.0
-        s.util_gpu_s += r["util_gpu_hours"] * 3600.0
-        s.idle_gpu_s += r["idle_gpu_hours"] * 3600.0
-        s.jobs += r["jobs"]
-        s.failures += r["failures"]
-        s.preemptions += r["preemptions"]
-    return _hours("total", "total", s)
+        for k, name in enumerate(names):
+            sums[k] += r[name]
+    alloc, util, idle = (x * 3600.0 for x in sums[:3])
+    return _hours("total", "total", alloc, util, idle, sums[3], sums[4], sums[5])

@@ -151,6 +151,7 @@ def delete_team(head: Head, name: str) -> None:
         tx.conn.execute(update(db.users).where(u.default_team == name).values(default_team=None))
         tx.conn.execute(delete(db.memberships).where(db.memberships.c.team == name))
         tx.conn.execute(delete(db.teams).where(db.teams.c.name == name))
+        tx.conn.execute(delete(db.idle_policies).where(db.idle_policies.c.team == name))
         head.mirror.teams.pop(name, None)
         head.mirror.team_qos.pop(name, None)
         head.mirror.core_dirty = True  # quotas and cohorts changed: rebuild
@@ -158,6 +159,7 @@ def delete_team(head: Head, name: str) -> None:
         tx.kick = True
 
     head.control.call(op)
+    head.usage.idle.set_policy(name, None)  # a team made again under the name starts afresh
     head.forget_principals()  # principals carry their teams
 
 

@@ -225,6 +225,23 @@ usage_daily = Table(
     Column("preemptions", Integer, nullable=False, default=0),
 )
 Index("ix_usage_daily_team", usage_daily.c.team, usage_daily.c.day)
+Index("ix_usage_daily_user", usage_daily.c.user, usage_daily.c.day)
+
+# The same sums per day and one dimension (dim: user, team or qos; key: its value): what an
+# admin's report reads, a row per day and key however many users, teams and QOS combine.
+usage_groups = Table(
+    "usage_groups",
+    metadata,
+    Column("dim", String(8), primary_key=True),
+    Column("day", String(10), primary_key=True),
+    Column("key", String(128), primary_key=True),
+    Column("alloc_gpu_s", Float, nullable=False, default=0.0),
+    Column("util_gpu_s", Float, nullable=False, default=0.0),
+    Column("idle_gpu_s", Float, nullable=False, default=0.0),
+    Column("jobs", Integer, nullable=False, default=0),
+    Column("failures", Integer, nullable=False, default=0),
+    Column("preemptions", Integer, nullable=False, default=0),
+)
 
 # Allocations the rollup has counted up to `usage_cursor.accounted_to` and that still run.
 usage_open = Table(

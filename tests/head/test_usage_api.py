@@ -189,6 +189,12 @@ def test_idle_policy_is_set_by_admins_and_shown_to_all(head: HeadProc) -> None:
     reset = cli(head, "admin", "team", "idle-policy", "green", "--reset")
     assert "(default)" in reset.stdout
     assert IdlePolicyInfo.model_validate(admin.get(path).json()).default is True
+    # A team deleted takes its policy along: made again, it starts on the default.
+    assert admin.put(path, json=body).status_code == 200
+    assert admin.delete("/v1/teams/green").status_code == 204
+    assert admin.get(path).status_code == 404
+    admin.put("/v1/teams/green", json={"name": "green"}).raise_for_status()
+    assert IdlePolicyInfo.model_validate(admin.get(path).json()).default is True
 
 
 def test_idle_gpu_lists_respect_who_may_see_the_job(head: HeadProc) -> None:
@@ -277,6 +283,14 @@ def test_the_rollup_replays_the_event_log_and_resumes_after_a_restart(engine: sa
         days = report(conn, "user", "day", "2026-03-01", "2026-05-01", None)
         months = report(conn, "team", "month", "2026-03-01", "2026-05-01", None)
         anns = report(conn, "user", "day", "2026-03-01", "2026-05-01", Scope("ann", frozenset()))
+        # An admin's report reads the one-dimension rows; a team admin of every team reads
+        # the full rows: the same numbers.
+        everyone = Scope("nobody", frozenset({"red", "blue"}))
+        for by in ("user", "team", "qos"):
+            for per in ("day", "month"):
+                whole = report(conn, by, per, "2026-03-01", "2026-05-01", None)
+                scoped = report(conn, by, per, "2026-03-01", "2026-05-01", everyone)
+                assert whole == scoped, (by, per)
     got = {(r["period"], r["key"]): r for r in days}
     assert sorted(got) == [
         ("2026-03-31", "ann"),

@@ -288,3 +288,19 @@ def test_failures_and_groups(tmp_path: Path) -> None:
     assert rig.loop.state(bad) == "F"
     row = _one(rig.report("team", "month"))
     assert (row["key"], row["jobs"], row["failures"]) == ("default", 2, 1)
+
+
+def test_a_failing_subscriber_neither_stops_the_recorder_nor_the_others() -> None:
+    samples = GpuSamples()
+    seen: list[tuple[str, float]] = []
+
+    def broken(node: str, gpus: object, t: float) -> None:
+        raise RuntimeError("bug in a subscriber")
+
+    samples.subscribe(broken)
+    samples.subscribe(lambda node, gpus, t: seen.append((node, t)))
+    samples.record("n1", [GpuTelemetry(index=0, utilization_pct=5.0)], 12.0)
+    samples.record("n1", [], 13.0)  # no reading: nobody is called
+    assert seen == [("n1", 12.0)]
+    reading = samples.latest("n1")
+    assert reading is not None and reading.time == 12.0

@@ -1,4 +1,5 @@
-"""Usage accounting and idle-GPU policy: a daily rollup per user, team and QOS, the
+"""Usage accounting and idle-GPU policy: a daily rollup per user, team and QOS (and per
+each of them alone), the
 allocations it has counted so far, its cursor over the job event log, and each team's
 idle-GPU policy.
 
@@ -32,6 +33,19 @@ def upgrade() -> None:
         sa.Column("preemptions", sa.Integer, nullable=False),
     )
     op.create_index("ix_usage_daily_team", "usage_daily", ["team", "day"])
+    op.create_index("ix_usage_daily_user", "usage_daily", ["user", "day"])
+    op.create_table(
+        "usage_groups",
+        sa.Column("dim", sa.String(8), primary_key=True),
+        sa.Column("day", sa.String(10), primary_key=True),
+        sa.Column("key", sa.String(128), primary_key=True),
+        sa.Column("alloc_gpu_s", sa.Float, nullable=False),
+        sa.Column("util_gpu_s", sa.Float, nullable=False),
+        sa.Column("idle_gpu_s", sa.Float, nullable=False),
+        sa.Column("jobs", sa.Integer, nullable=False),
+        sa.Column("failures", sa.Integer, nullable=False),
+        sa.Column("preemptions", sa.Integer, nullable=False),
+    )
     op.create_table(
         "usage_open",
         sa.Column("job_id", sa.Integer, primary_key=True, autoincrement=False),
@@ -62,5 +76,7 @@ def downgrade() -> None:
     op.drop_table("idle_policies")
     op.drop_table("usage_cursor")
     op.drop_table("usage_open")
+    op.drop_table("usage_groups")
+    op.drop_index("ix_usage_daily_user", table_name="usage_daily")
     op.drop_index("ix_usage_daily_team", table_name="usage_daily")
     op.drop_table("usage_daily")
