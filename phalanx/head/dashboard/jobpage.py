@@ -15,8 +15,9 @@ from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from phalanx.api import models as m
+from phalanx.api import telemetry as t
 from phalanx.core import JobState
-from phalanx.head import jobcontrol
+from phalanx.head import jobcontrol, telemetry_api
 from phalanx.head.control import HeadError
 from phalanx.head.dashboard import live, series
 from phalanx.head.dashboard.pages import base, stream
@@ -78,6 +79,17 @@ def _refused(request: Request, seen: Viewer, e: HeadError) -> HTMLResponse:
     )
 
 
+MAX_GPU_ROWS = 64  # the efficiency card's per-GPU table (the rest: `phalanx jobstats`)
+
+
+def _stats(head: Head, job_id: int) -> t.JobStats | None:
+    """The job's efficiency and chart history from the telemetry store (None: none)."""
+    try:
+        return telemetry_api.job_stats(head, job_id, None, True)
+    except HeadError:
+        return None
+
+
 @router.get("/ui/jobs/{job_id}", response_class=HTMLResponse)
 def job(
     request: Request, job_id: JobId, seen: Seen, rank: Rank = 0, log: Stream = "stdout"
@@ -87,6 +99,8 @@ def job(
         context = _detail(head, seen, job_id)
     except HeadError as e:
         return _refused(request, seen, e)
+    stats = _stats(head, job_id)
+    past = series.history(stats, head.tsdb.progress_rows(job_id))
     return page(
         "job.html",
         **base(request, seen, "jobs"),
@@ -94,6 +108,9 @@ def job(
         body=render("_job.html", **context, viewer=seen),
         rank=min(rank, max(0, context["ranks"] - 1)),
         log=log,
+        stats=stats,
+        gpu_rows=(stats.per_gpu[:MAX_GPU_ROWS] if stats is not None else []),
+        history=json.dumps(past),
     )
 
 

@@ -1,12 +1,10 @@
 """The data behind a job page's charts, one small function each.
 
-`gpu_series` is the GPU utilisation chart's only source. The head keeps only each node's
-latest reading (head.telemetry.GpuSamples), so today it answers one point per GPU (now)
-and the browser appends the points it is sent while the page is open; when the head
-keeps a time series, this function returns the job's stored history in the same shape
-and the chart shows it from the start.
-`progress_series` is the loss/MFU chart's: the latest report of each rank (the head keeps
-the last only), averaged over ranks, as one point; the same holds.
+A page opens with the job's history from the telemetry store (`history`: each GPU's
+utilisation and the progress reports, at the resolution the store picks for the job's
+length); its live fragment then carries the latest point only (`gpu_series`: each GPU's
+latest reading; `progress_series`: the ranks' latest reports, averaged), which the
+browser appends (dash.js skips a point not newer than the last it has).
 """
 
 from __future__ import annotations
@@ -14,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from phalanx.api import models as m
+from phalanx.api import telemetry as t
+from phalanx.head.jobstats import ProgressRow
 from phalanx.head.records import JobRecord
 from phalanx.head.service import Head
 
@@ -53,4 +53,30 @@ def progress_series(progress: list[m.JobProgress]) -> dict[str, Any]:
         "loss": [mean([p.loss for p in progress])],
         "mfu": [mean([p.mfu for p in progress])],
         "tokens_per_s": [mean([p.tokens_per_s for p in progress])],
+    }
+
+
+def history(stats: t.JobStats | None, progress: list[ProgressRow]) -> dict[str, Any]:
+    """The charts' data since the job started, in the shapes above: the stored per-GPU
+    utilisation series (`stats.util_series`) on one time axis, and every progress report."""
+    gpu: dict[str, Any] = {"t": [], "series": {}}
+    if stats is not None and stats.util_series:
+        times = sorted({p.time for s in stats.util_series for p in s.points})
+        at = {when: i for i, when in enumerate(times)}
+        columns: dict[str, list[float | None]] = {}
+        for s in stats.util_series:
+            column: list[float | None] = [None] * len(times)
+            for p in s.points:
+                column[at[p.time]] = p.value
+            columns[f"{s.node}:{s.index}"] = column
+        gpu = {"t": [round(x, 3) for x in times], "series": columns}
+    return {
+        "gpu": gpu,
+        "progress": {
+            "t": [p.time for p in progress],
+            "step": [p.step for p in progress],
+            "loss": [p.loss for p in progress],
+            "mfu": [p.mfu for p in progress],
+            "tokens_per_s": [p.tokens_per_s for p in progress],
+        },
     }

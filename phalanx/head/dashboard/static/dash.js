@@ -7,8 +7,8 @@
   var MAX_LOG_CHARS = 400000; // the log view keeps the newest this many characters
   var charts = {};
 
-  function seriesData() {
-    var el = document.getElementById("series-data");
+  function seriesData(id) {
+    var el = document.getElementById(id || "series-data");
     if (!el) { return null; }
     try { return JSON.parse(el.getAttribute("data-series")); } catch (e) { return null; }
   }
@@ -43,7 +43,7 @@
   }
 
   function append(c, t, values) {
-    if (!c || t === null || t === undefined || t === c.last) { return; }
+    if (!c || t === null || t === undefined || (c.last !== null && t <= c.last)) { return; }
     c.last = t;
     c.data[0].push(t);
     c.names.forEach(function (n, i) { c.data[i + 1].push(values[n] === undefined ? null : values[n]); });
@@ -51,8 +51,8 @@
     c.plot.setData(c.data);
   }
 
-  function updateCharts() {
-    var s = seriesData();
+  function updateCharts(id) {
+    var s = seriesData(typeof id === "string" ? id : undefined);
     if (!s) { return; }
     var gpu = s.gpu || {};
     var names = Object.keys(gpu.series || {}).sort();
@@ -79,7 +79,11 @@
     if (near || !log.dataset.scrolled) { log.scrollTop = log.scrollHeight; }
   }
 
-  document.addEventListener("DOMContentLoaded", updateCharts);
+  // The page's history from the telemetry store first, then the live fragment's latest.
+  document.addEventListener("DOMContentLoaded", function () {
+    updateCharts("series-history");
+    updateCharts();
+  });
   document.addEventListener("htmx:afterSwap", function (e) {
     if (e.target && e.target.id === "log") { trimLog(); } else { updateCharts(); }
   });
