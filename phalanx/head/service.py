@@ -25,6 +25,7 @@ from phalanx.head.scheduling import pending_reason
 from phalanx.head.telemetry import GpuSamples
 from phalanx.head.tsdb import TelemetryStore, retention
 from phalanx.head.usage import Usage
+from phalanx.head.utilhistory import UtilHistory
 from phalanx.tls import TLSError
 
 
@@ -48,6 +49,10 @@ class Head:
         self.usage = Usage(control, self.samples)  # idle GPUs and accounting (head/usage.py)
         self.metrics = HeadMetrics(self.mirror, control.lock)  # Prometheus (head/metrics.py)
         control.on_committed.append(self.metrics.observe)
+        # The overview's utilisation chart, minute by minute (head/utilhistory.py).
+        holders = self.metrics.gpu_holders
+        self.util_history = UtilHistory(lambda node: frozenset(holders.current().get(node, ())))
+        self.samples.subscribe(self.util_history.add)
         control.on_commit = self._on_commit
         # What agents accept from each other when they ask one another about the head during
         # an outage (docs/fault-tolerance.md#head-outages). Each head has its own; agents

@@ -5,6 +5,7 @@ will fill. Each page's live part is a fragment template that its SSE stream re-r
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -68,14 +69,27 @@ def _states(value: str) -> set[str] | None:
 
 
 # ----------------------------------------------------------------------- overview
+OVERVIEW_HOURS = 6  # how far back the overview's utilisation chart opens
+
+
 def _overview(head: Head) -> str:
-    return render("_overview.html", o=cluster.overview(head))
+    now = head.now()
+    latest = head.util_history.series(now - 180, now)  # the last complete minutes, live
+    return render("_overview.html", o=cluster.overview(head), latest=json.dumps(latest))
 
 
 @router.get("/ui/", response_class=HTMLResponse)
 def overview(request: Request, seen: Seen) -> HTMLResponse:
     head = head_of(request)
-    return page("overview.html", **base(request, seen, "overview"), body=_overview(head))
+    now = head.now()
+    past = head.util_history.series(now - OVERVIEW_HOURS * 3600, now)
+    return page(
+        "overview.html",
+        **base(request, seen, "overview"),
+        body=_overview(head),
+        history=json.dumps({"cluster": past}),
+        hours=OVERVIEW_HOURS,
+    )
 
 
 @router.get("/ui/live/overview")

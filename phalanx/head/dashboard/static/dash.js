@@ -34,7 +34,7 @@
     var data = [[]].concat(names.map(function () { return []; }));
     var pad = function (u, min, max) { return min === max ? [min - 60, max + 60] : [min, max]; };
     var ys = { x: { time: true, range: pad } };
-    ys.y = id === "gpu-chart" ? { range: [0, 100] } : {};
+    ys.y = (id === "gpu-chart" || id === "util-chart") ? { range: [0, 100] } : {};
     if (Object.values(scales).indexOf("mfu") >= 0) { ys.mfu = { range: [0, 1] }; }
     var opts = { width: width(el), height: 200, series: series, axes: axes, scales: ys };
     c = { key: key, names: names, data: data, plot: new uPlot(opts, data, el), last: null };
@@ -63,6 +63,11 @@
         names.forEach(function (n) { v[n] = gpu.series[n][i]; });
         append(c, gpu.t[i], v);
       }
+    }
+    var u = s.cluster || {};
+    if (u.t && u.t.length) {
+      var uc = chart("util-chart", ["all", "allocated"], {});
+      for (var k = 0; k < u.t.length; k++) { append(uc, u.t[k], { all: u.all[k], allocated: u.allocated[k] }); }
     }
     var p = s.progress || {};
     if (p.t && p.t.length) {
