@@ -68,6 +68,7 @@ def gpu_rows(
                 memory_used_mb=None if t is None else t.memory_used_mb,
                 temperature_c=None if t is None else t.temperature_c,
                 power_w=None if t is None else t.power_w,
+                energy_j=None if t is None else t.energy_j,
                 age_s=None if t is None else 0.0,
                 job=None if a is None else a.job_id,
                 user="" if a is None else a.user,

@@ -34,6 +34,7 @@ class GpuRow(NamedTuple):
     job: int | None = None
     user: str = ""
     team: str = ""
+    energy_j: float | None = None  # energy since the driver loaded (NVML's total energy)
 
 
 # (name, type, help, the row's field, its scale: the value in base units is field × scale).
@@ -62,6 +63,13 @@ SERIES: tuple[tuple[str, str, str, str, int | float], ...] = (
     ("phalanx_gpu_temperature_celsius", "gauge", "GPU temperature", "temperature_c", 1),
     ("phalanx_gpu_power_watts", "gauge", "GPU power draw", "power_w", 1),
     ("phalanx_gpu_reading_age_seconds", "gauge", "Age of the GPU's latest reading", "age_s", 1),
+    (
+        "phalanx_gpu_energy_joules_total",
+        "counter",
+        "GPU energy consumed since its driver loaded",
+        "energy_j",
+        1,
+    ),
 )
 NAMES = tuple(series[0] for series in SERIES)
 

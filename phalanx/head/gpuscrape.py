@@ -129,5 +129,5 @@ def gpu_rows(
             else:
                 add(GpuRow(name, gpu.index, gpu.uuid, gpu.memory_mb, t.utilization_pct,
                            t.memory_used_mb, t.temperature_c, t.power_w, age, job, user,
-                           team))  # fmt: skip
+                           team, t.energy_j))  # fmt: skip
     return rows
