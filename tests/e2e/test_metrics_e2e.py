@@ -70,7 +70,10 @@ def test_a_running_job_labels_its_gpus_everywhere(
     # Before any job: a file per GPU, empty.
     wait_for("empty mapping files", lambda: all(files(maps, n) == idle for n in nodes) or None)
     with cluster.client() as api:
-        job_id = submit(api, job(workdir, sh("sleep 300"), gpus_per_node=2))
+        job_id = submit(
+            api,
+            job(workdir, sh("sleep 300"), gpus_per_node=2, env={"PHALANX_FAKE_GPU_UTIL": "100"}),
+        )
         info = wait_state(api, job_id, "R")
         node = next(n.name for n in api.nodes().nodes if job_id in n.jobs)
         other = next(n for n in nodes if n != node)
