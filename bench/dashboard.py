@@ -85,9 +85,13 @@ def _record(i: int, state: JobState, now: float) -> JobRecord:
     )
 
 
-def populate(head: Head, nodes: int, active: int, historical: int) -> None:
+def populate(
+    head: Head, nodes: int, active: int, historical: int, first_live_id: int | None = None
+) -> None:
     """Synthetic state: nodes with readings in the mirror, live jobs in the mirror (the
-    running ones placed), ended jobs in the database."""
+    running ones placed; ids from `first_live_id`, default after the ended ones), ended
+    jobs in the database."""
+    first = historical + 1 if first_live_id is None else first_live_id
     now = time.time()
     rng = random.Random(1)
     spec_json = _spec(0).model_dump_json()
@@ -129,7 +133,7 @@ def populate(head: Head, nodes: int, active: int, historical: int) -> None:
             ]
             head.samples.record(name, readings, now)
         for k in range(active):
-            job_id = historical + 1 + k
+            job_id = first + k
             running = k < nodes
             rec = _record(job_id, JobState.RUNNING if running else JobState.PENDING, now)
             if running:
@@ -138,7 +142,7 @@ def populate(head: Head, nodes: int, active: int, historical: int) -> None:
                 mirror.node_jobs.setdefault(node, set()).add(job_id)
             rec.in_core = True  # queued (and running) jobs are in the scheduler's state
             mirror.jobs[job_id] = rec
-        mirror.next_job_id = historical + active + 1
+        mirror.next_job_id = first + active
         mirror.core_dirty = True
     # One scheduling cycle (the control thread is not started: this thread runs it), so the
     # queue page walks the scheduler's real order and shows its reasons and reservation.
