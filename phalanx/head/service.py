@@ -47,6 +47,7 @@ class Head:
         )  # GPU telemetry and progress history, stored off the control thread (head/tsdb.py)
         self.usage = Usage(control, self.samples)  # idle GPUs and accounting (head/usage.py)
         self.metrics = HeadMetrics(self.mirror, control.lock)  # Prometheus (head/metrics.py)
+        self.metrics.usage = self.usage  # the idle-GPU series
         control.on_committed.append(self.metrics.observe)
         control.on_commit = self._on_commit
         # What agents accept from each other when they ask one another about the head during
