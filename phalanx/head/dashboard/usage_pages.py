@@ -21,6 +21,7 @@ from phalanx.head.dashboard.session import Seen, Viewer, head_of
 from phalanx.head.service import Head
 
 MAX_SHOWN_ROWS = 2000  # a page shows at most this many rows; the CSV has them all
+MAX_SHOWN_FLAGS = 1000  # the idle page lists at most this many (oldest idle first)
 Day = Annotated[str, Query(max_length=10, pattern=r"^(\d{4}-\d{2}-\d{2})?$")]
 COLUMNS = (
     ("alloc_gpu_hours", "Allocated GPU·h"),
@@ -123,7 +124,8 @@ def _idle(head: Head, seen: Viewer) -> str:
     flags = head.usage.idle.flags(None if who.admin else who.may_see_job)
     mine = who.teams | who.admin_of
     policies = {team: p for team, p in head.usage.policies().items() if who.admin or team in mine}
-    return render("_idle.html", flags=flags, policies=policies, viewer=seen)
+    shown = sorted(flags, key=lambda f: (f.idle_since, f.node, f.index))[:MAX_SHOWN_FLAGS]
+    return render("_idle.html", flags=shown, count=len(flags), policies=policies, viewer=seen)
 
 
 @router.get("/ui/idle", response_class=HTMLResponse)
@@ -132,6 +134,7 @@ def idle(request: Request, seen: Seen) -> HTMLResponse:
     head = head_of(request)
     return page(
         "idle.html",
+        request=request,
         **base(request, seen, "idle"),
         body=_idle(head, seen),
         live="/ui/live/idle",
