@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -26,7 +26,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from phalanx.api.models import JobProgress
@@ -35,6 +35,9 @@ from phalanx.head.gpuscrape import GpuHolders
 from phalanx.head.lifecycle import PREEMPTED_FOR
 from phalanx.head.mirror import Mirror, Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord
+
+if TYPE_CHECKING:
+    from phalanx.head.usage import Usage
 
 MAX_TEAM_LABELS = 100
 OTHER = "other"
@@ -112,6 +115,9 @@ class HeadMetrics:
             buckets=CHECKPOINT_BUCKETS,
             registry=r,
         )
+        # Idle-GPU detection and accounting (head/usage.py), for the idle-GPU series; set by
+        # the head (Head.__init__) after both exist.
+        self.usage: Usage | None = None
         r.register(_Gauges(self))
         # Who holds each GPU, for the per-GPU series (kept here: `observe` feeds it).
         self.gpu_holders = GpuHolders(mirror, lock)
@@ -201,10 +207,17 @@ class _Gauges(Collector):
     def __init__(self, metrics: HeadMetrics) -> None:
         self.m = metrics
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         m = self.m
+        usage = m.usage
+        # Read before the control lock: the idle detector has its own.
+        flagged = usage.flagged_by_team() if usage is not None else {}
+        idle_s = usage.idle_seconds() if usage is not None else {}
         with m.lock:
             snapshot = _snapshot(m.mirror, m.team_labeler(), m.qos)
+            label = m.team_labeler()
+            flagged_by = _relabel(flagged, label)
+            idle_by = _relabel(idle_s, label)
         gpus, nodes, jobs, pending, quota, in_use = snapshot
         yield _family("phalanx_gpus", "GPUs by state (their sum is every GPU).", "state", gpus)
         yield _family("phalanx_nodes", "Nodes by state.", "state", nodes)
@@ -219,6 +232,30 @@ class _Gauges(Collector):
         yield _family(
             "phalanx_team_gpus_in_use", "GPUs each team's jobs hold (quota use).", "team", in_use
         )
+        yield _family(
+            "phalanx_gpus_allocated_idle",
+            "Allocated GPUs flagged idle (at or below their team's threshold for its window).",
+            "team",
+            flagged_by,
+        )
+        counter = CounterMetricFamily(
+            "phalanx_gpu_idle_seconds",
+            "GPU-seconds allocated GPUs spent flagged idle (as the usage report's idle "
+            "GPU-hours; counted each minute, when the rollup is written).",
+            labels=("team",),
+        )
+        for team, seconds in sorted(idle_by.items()):
+            counter.add_metric((team,), seconds)
+        yield counter
+
+
+def _relabel(values: dict[str, Any], label: Callable[[str], str]) -> dict[str, float]:
+    """Per-team values summed per team label (beyond MAX_TEAM_LABELS: `other`)."""
+    out: dict[str, float] = {}
+    for team, value in values.items():
+        key = label(team)
+        out[key] = out.get(key, 0.0) + value
+    return out
 
 
 def _family(name: str, help_text: str, label: str, values: dict[str, float]) -> Any:

@@ -48,6 +48,7 @@ class Head:
         )  # GPU telemetry and progress history, stored off the control thread (head/tsdb.py)
         self.usage = Usage(control, self.samples)  # idle GPUs and accounting (head/usage.py)
         self.metrics = HeadMetrics(self.mirror, control.lock)  # Prometheus (head/metrics.py)
+        self.metrics.usage = self.usage  # the idle-GPU series
         control.on_committed.append(self.metrics.observe)
         # The overview's utilisation chart, minute by minute (head/utilhistory.py).
         holders = self.metrics.gpu_holders

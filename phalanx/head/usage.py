@@ -46,6 +46,10 @@ class Usage:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._flushing = threading.Lock()
+        # Team → flagged-idle GPU-seconds the rollup stored since this head started (the
+        # Prometheus counter phalanx_gpu_idle_seconds_total; head/metrics.py reads it).
+        self._idle_s: dict[str, float] = {}
+        self._idle_lock = threading.Lock()
 
     def load(self) -> None:
         """Policies and the rollup's cursor from the database, allocations from the mirror
@@ -98,6 +102,23 @@ class Usage:
             except Exception:
                 self.idle.put_back(sums)
                 raise
+            with self._idle_lock:
+                for (_day, _user, team, _qos), (_util, idle) in sums.items():
+                    if idle > 0:
+                        self._idle_s[team] = self._idle_s.get(team, 0.0) + idle
+
+    def idle_seconds(self) -> dict[str, float]:
+        """Team → flagged-idle GPU-seconds stored since this head started (they move when
+        the rollup is written: each FLUSH_S, and before each report)."""
+        with self._idle_lock:
+            return dict(self._idle_s)
+
+    def flagged_by_team(self) -> dict[str, int]:
+        """Team → how many of its allocated GPUs are flagged idle now."""
+        out: dict[str, int] = {}
+        for f in self.idle.flags():
+            out[f.team] = out.get(f.team, 0) + 1
+        return out
 
     # ------------------------------------------------------------------ reports
     def report(

@@ -82,11 +82,11 @@ def usage_report(
     everyone's. Defaults: until tomorrow; since 31 days (per day) or 12 months (per
     month) before."""
     head = _head(request)
-    first, end = _range(head.now(), per, since, until)
+    first, end = report_range(head.now(), per, since, until)
     scope = None if who.admin else Scope(who.user or "", who.admin_of)
     rows = head.usage.report(by, per, first.isoformat(), end.isoformat(), scope)
     if format == "csv":
-        return Response(_csv(by, rows), media_type="text/csv; charset=utf-8")
+        return Response(report_csv(by, rows), media_type="text/csv; charset=utf-8")
     body = report_json(by, per, first.isoformat(), end.isoformat(), rows)
     return Response(body, media_type="application/json")
 
@@ -105,7 +105,9 @@ def report_json(by: str, per: str, since: str, until: str, rows: list[dict[str, 
     return to_json(body)
 
 
-def _range(now: float, per: str, since: str | None, until: str | None) -> tuple[dt.date, dt.date]:
+def report_range(
+    now: float, per: str, since: str | None, until: str | None
+) -> tuple[dt.date, dt.date]:
     end = _day("until", until) if until else _today(now) + dt.timedelta(days=1)
     if since:
         first = _day("since", since)
@@ -132,7 +134,7 @@ def _day(name: str, text: str) -> dt.date:
         raise HeadError(422, f"{name}: {text!r} is not a day (YYYY-MM-DD)") from None
 
 
-def _csv(by: str, rows: list[dict[str, Any]]) -> str:
+def report_csv(by: str, rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
     columns = [
         "alloc_gpu_hours",

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from playwright.sync_api import BrowserContext, Page, expect
 
+from phalanx.api.models import JobSpec
+from phalanx.api.usage import IdlePolicySpec
 from phalanx.client.api import PhalanxClient
 from phalanx.local import LocalCluster
 from tests.dashboard.conftest import People, shot, sign_in
@@ -46,12 +48,12 @@ def test_gpu_grid_shows_a_running_jobs_gpu_busy_and_a_free_one_idle(
     assert cookie["path"] == "/ui"  # the head serves TLS here: the cookie is Secure
     held = page.locator(f'i.gpu[data-job="{job_id}"]')
     expect(held).to_have_count(1)
-    # The fake GPU reports 100% once the agent sees the job's process on it (a heartbeat
+    # The fake GPU reports ~95% once the agent sees the job's process on it (a heartbeat
     # later): the grid follows over SSE, without a reload.
     expect(held).to_have_attribute("data-busy", "1")
     node, index = (held.get_attribute("data-gpu") or ":").split(":")
     whose = rf"job {job_id} \({people.alice_name}\)"
-    hover = rf"^{re.escape(node)} GPU {index} · 100% · \d+/\d+ MiB · {whose}$"
+    hover = rf"^{re.escape(node)} GPU {index} · \d+% · \d+/\d+ MiB · {whose}$"
     expect(held).to_have_attribute("title", re.compile(hover))
     free = page.locator('i.gpu:not([data-job])[data-busy="0"]')
     assert free.count() >= 1
@@ -61,6 +63,87 @@ def test_gpu_grid_shows_a_running_jobs_gpu_busy_and_a_free_one_idle(
     expect(page.locator("#gpus-allocated")).to_have_text("1")
     expect(page.locator("#jobs-R")).to_have_text("1")
     shot(page, "overview")
+
+
+def _half_idle(workdir: Path, team: str, name: str) -> JobSpec:
+    """A batch job on both nodes: its script (one process) holds the first node's GPU."""
+    return JobSpec(
+        script="#!/bin/bash\nsleep 300\n", workdir=str(workdir), name=name, nodes=2,
+        gpus_per_node=1, launcher="batch", team=team,
+    )  # fmt: skip
+
+
+def test_an_allocated_gpu_left_idle_is_flagged_in_the_grid_the_idle_page_and_the_job_page(
+    cluster: LocalCluster, people: People, api: PhalanxClient, page: Page, workdir: Path
+) -> None:
+    """A batch job on both nodes runs its script on the first only: the fake GPU there
+    reads 100%, the second node's 0%. Team red's idle policy (set by the admin over the
+    REST API) flags it after 10 s."""
+    api.set_idle_policy(people.red, IdlePolicySpec(action="notify", window_s=10.0))
+    try:
+        spec = _half_idle(workdir, people.red, "half-idle")
+        with _as(cluster, people.alice) as alice:
+            job_id = submit(alice, spec)
+        _running(api, job_id)
+        first, second = (p.node for p in api.job(job_id).job.placement)
+        sign_in(page, cluster.url, people.alice, "/ui/nodes")
+        cells = page.locator(f'i.gpu[data-job="{job_id}"]')
+        expect(cells).to_have_count(2)
+        busy = page.locator(f'[id="node-{first}"] i.gpu[data-job="{job_id}"]')
+        idle = page.locator(f'[id="node-{second}"] i.gpu[data-job="{job_id}"]')
+        expect(busy).to_have_attribute("data-busy", "1")
+        # Flagged once idle for the window (10 s): the grid follows over SSE.
+        expect(idle).to_have_attribute("data-idle", "1", timeout=60_000)
+        expect(idle).to_have_class(re.compile(r"\bidle\b"))
+        expect(idle).to_have_attribute("data-busy", "0")
+        expect(idle).to_have_attribute(
+            "title", re.compile(r"flagged idle, idle since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$")
+        )
+        expect(busy).not_to_have_class(re.compile(r"\bidle\b"))
+        assert busy.get_attribute("data-idle") is None
+        expect(page.locator(".legend i.gpu.idle")).to_have_count(1)
+        shot(page, "nodes-gpu-grid-idle")  # docs/img/dashboard-gpu-grid.png is a copy
+        (flag,) = api.idle_gpus(job_id).gpus
+        assert (flag.node, f"{flag.node}:{flag.index}") == (second, idle.get_attribute("data-gpu"))
+
+        page.goto(f"{cluster.url}/ui/")
+        expect(page.locator("#gpus-flagged-idle")).to_have_text("1")
+        page.goto(f"{cluster.url}/ui/idle")
+        flagged = page.locator(f'#idle-flags tr[data-job="{job_id}"]')
+        expect(flagged).to_have_count(1)
+        expect(flagged).to_have_attribute("id", f"idle-{second}-{flag.index}")
+        expect(flagged).to_contain_text(people.alice_name)
+        expect(flagged).to_contain_text("notify only")
+        expect(page.locator(f'[id="policy-{people.red}"]')).to_contain_text("10s")
+        expect(page.locator(f'[id="policy-{people.blue}"]')).to_have_count(0)
+        shot(page, "idle-gpus")
+        page.goto(f"{cluster.url}/ui/jobs/{job_id}")
+        listed = page.locator("#idle-gpus tbody tr")
+        expect(listed).to_have_count(1)
+        expect(listed).to_have_attribute("data-gpu", re.compile(rf"^{re.escape(second)}:\d+$"))
+        expect(page.locator('p.grid i.gpu[data-idle="1"]')).to_have_count(1)
+        shot(page, "job-idle-gpus")
+    finally:
+        api.set_idle_policy(people.red, None)
+
+
+def test_another_teams_flagged_gpus_are_not_listed(
+    cluster: LocalCluster, people: People, api: PhalanxClient, page: Page, workdir: Path
+) -> None:
+    api.set_idle_policy(people.red, IdlePolicySpec(action="notify", window_s=10.0))
+    try:
+        spec = _half_idle(workdir, people.red, "idle-elsewhere")
+        with _as(cluster, people.alice) as alice:
+            job_id = submit(alice, spec)
+        _running(api, job_id)
+        wait_for("a GPU flagged idle", lambda: api.idle_gpus(job_id).gpus or None, 60)
+        sign_in(page, cluster.url, people.bob, "/ui/idle")
+        expect(page.locator("#idle-flags")).to_contain_text("no GPU of yours is flagged idle")
+        expect(page.locator(f'#idle-flags tr[data-job="{job_id}"]')).to_have_count(0)
+        expect(page.locator(f'[id="policy-{people.red}"]')).to_have_count(0)
+        expect(page.locator(f'[id="policy-{people.blue}"]')).to_have_count(1)
+    finally:
+        api.set_idle_policy(people.red, None)
 
 
 def test_a_job_appears_in_an_open_jobs_page_without_a_reload(

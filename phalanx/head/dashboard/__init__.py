@@ -9,8 +9,8 @@ Seams left for the telemetry work to fill at merge:
 - series.gpu_series(head, rec): the job page's GPU utilisation chart's only data source;
   today one point (each GPU's latest reading), tomorrow the job's stored series in the
   same shape.
-- pages.accounting and pages.idle (`/ui/accounting`, `/ui/idle`): routes and navigation
-  entries that say there is no data yet, to be given the accounting and idle-GPU views.
+- usage_pages (`/ui/accounting`, `/ui/idle`): the usage report and the idle-GPU flags and
+  policies of head/usage.py; the GPU grid, the job page and the overview mark flagged GPUs.
 - ControlThread.changes: the counter the live streams watch; anything else that changes
   what a page shows without a control transaction bumps it (as progress reports do).
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from phalanx.head.dashboard import actions, jobpage, live, pages
+from phalanx.head.dashboard import actions, jobpage, live, pages, usage_pages
 from phalanx.head.service import Head
 
 
@@ -29,3 +29,4 @@ def install(app: FastAPI, head: Head) -> None:
     app.include_router(actions.router)
     app.include_router(pages.router)
     app.include_router(jobpage.router)
+    app.include_router(usage_pages.router)

@@ -35,6 +35,7 @@ class NodeRow:
     gpus: tuple[GpuInfo, ...]
     holders: dict[int, tuple[int, str | None]]  # GPU index → (job id, user if viewable)
     readings: dict[int, GpuTelemetry]  # GPU index → its latest reading, if fresh
+    idle: dict[int, float] = field(default_factory=dict)  # GPU index → idle since (flagged)
 
     @property
     def gpus_used(self) -> int:
@@ -63,6 +64,7 @@ class Overview:
     mean_utilization_pct: float | None = None
     jobs_by_state: dict[str, int] = field(default_factory=dict)
     queue_depth: int = 0
+    gpus_flagged_idle: int = 0  # allocated GPUs idle-GPU detection flagged
     queued_gpus: int = 0
     mfu: float | None = None  # GPU-weighted mean over the running jobs that report it
     mfu_jobs: int = 0
@@ -122,6 +124,7 @@ def overview(head: Head) -> Overview:
         if reading is None or now - reading.time > STALE_S:
             continue
         utils.extend(g.utilization_pct for g in reading.gpus if g.utilization_pct is not None)
+    out.gpus_flagged_idle = head.usage.idle.idle_gpus()
     out.gpus_by_state = {k: states.get(k, 0) for k in ("allocated", "free", "drain", "down")}
     out.gpus_reporting = len(utils)
     out.gpus_busy = sum(1 for u in utils if u >= BUSY_PCT)
@@ -165,6 +168,11 @@ def node_page(
                         for g in gpus:
                             holders[g] = (rec.id, shown)
             picked.append((mirror.nodes[name], ids, holders))
+    on_page = {node.name for node, _, _ in picked}
+    idle: dict[str, dict[int, float]] = {}
+    for f in head.usage.idle.flags():
+        if f.node in on_page:
+            idle.setdefault(f.node, {})[f.index] = f.idle_since
     rows = []
     for node, ids, holders in picked:
         reading = head.samples.latest(node.name)
@@ -181,6 +189,7 @@ def node_page(
                 gpus=tuple(node.gpus),
                 holders=holders,
                 readings={g.index: g for g in reading.gpus} if reading and fresh else {},
+                idle=idle.get(node.name, {}),
             )
         )
     return NodePage(rows=tuple(rows), total=total, page=page, pages=pages)

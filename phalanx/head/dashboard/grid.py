@@ -3,6 +3,7 @@ template loop renders several times slower than this join (bench/dashboard.py)."
 
 from __future__ import annotations
 
+import datetime as dt
 from html import escape
 
 from markupsafe import Markup
@@ -13,7 +14,9 @@ from phalanx.head.dashboard.cluster import BUSY_PCT, NodeRow
 def cells_html(row: NodeRow) -> Markup:
     """One `<i class="gpu …">` per GPU of the node: its utilisation level as the class
     (`u0`…`u10` in tenths, `nodata` without a fresh reading, `down`), whether it is busy,
-    the job holding it, and the hover text (where, how busy, whose job)."""
+    the job holding it, and the hover text (where, how busy, whose job). A GPU that
+    idle-GPU detection flagged (allocated, idle for its team's window) has the class `idle`,
+    `data-idle="1"` and "idle since …" in its hover text."""
     node = escape(row.name)
     down = row.state == "down"
     users: dict[str, str] = {}
@@ -46,8 +49,21 @@ def cells_html(row: NodeRow) -> Markup:
             whose = users[user]
         else:
             whose = users[user] = escape(user)
-        out.append(
-            f'<i class="gpu {level} held" data-gpu="{node}:{gpu.index}" data-busy="{busy}"'
-            f' data-job="{job_id}" title="{title} · job {job_id} ({whose})"></i>'
-        )
+        title += f" · job {job_id} ({whose})"
+        idle_since = row.idle.get(gpu.index)
+        if idle_since is None:
+            out.append(
+                f'<i class="gpu {level} held" data-gpu="{node}:{gpu.index}" data-busy="{busy}"'
+                f' data-job="{job_id}" title="{title}"></i>'
+            )
+        else:
+            out.append(
+                f'<i class="gpu {level} held idle" data-gpu="{node}:{gpu.index}"'
+                f' data-busy="{busy}" data-job="{job_id}" data-idle="1"'
+                f' title="{title} · flagged idle, idle since {_clock(idle_since)}"></i>'
+            )
     return Markup("".join(out))
+
+
+def _clock(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -41,7 +41,11 @@ def _detail(head: Head, seen: Viewer, job_id: int) -> dict[str, Any]:
     detail = head.job_detail(seen.who, job_id)
     job = detail.job
     private = seen.who.may_see_job(job.user, job.team)
+    # Its GPUs flagged idle: for those who may see its private parts (as /v1/jobs/ID/idle-gpus).
+    idle = [f for f in head.usage.idle.flags() if f.job_id == rec.id] if private else []
     return {
+        "idle": idle,
+        "idle_at": {(f.node, f.index): f for f in idle},
         "d": detail,
         "job": job,
         "private": private,

@@ -1,6 +1,6 @@
 """The dashboard's pages and their live fragments (GET): overview, nodes and the GPU grid,
-jobs, queue, teams, health events, and the places the accounting and idle-GPU reports
-will fill. Each page's live part is a fragment template that its SSE stream re-renders."""
+jobs, queue, teams and health events (accounting and idle GPUs: usage_pages.py). Each
+page's live part is a fragment template that its SSE stream re-renders."""
 
 from __future__ import annotations
 
@@ -323,26 +323,3 @@ def health_live(
 ) -> StreamingResponse:
     head = head_of(request)
     return stream(request, "fragment", lambda: _health(head, kind, node, before, per))
-
-
-# ----------------------------------------------------------------------- to be filled
-@router.get("/ui/accounting", response_class=HTMLResponse)
-def accounting(request: Request, seen: Seen) -> HTMLResponse:
-    """Accounting reports: the place the accounting store's reports fill."""
-    return page(
-        "pending_feature.html",
-        **base(request, seen, "accounting"),
-        title="Accounting",
-        what="GPU-hours allocated and used, by user, team and QOS",
-    )
-
-
-@router.get("/ui/idle", response_class=HTMLResponse)
-def idle(request: Request, seen: Seen) -> HTMLResponse:
-    """Idle GPUs: the place idle-GPU detection's flags fill."""
-    return page(
-        "pending_feature.html",
-        **base(request, seen, "idle"),
-        title="Idle GPUs",
-        what="allocated GPUs that sit idle, and what the idle-GPU policy did about them",
-    )
