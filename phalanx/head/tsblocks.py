@@ -215,7 +215,8 @@ def energy_steps(energy: F64) -> F64:
 # ----------------------------------------------------------------------------- codec
 def _q(a: F64, scale: float, dtype: type[np.generic], none: int) -> npt.NDArray[np.generic]:
     """Quantise floats (NaN: `none`)."""
-    return np.where(np.isnan(a), none, np.round(np.nan_to_num(a) * scale)).astype(dtype)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(a), none, np.round(a * scale)).astype(dtype)
 
 
 def _dq(a: npt.NDArray[np.generic], scale: float, none: int) -> F64:
@@ -260,7 +261,8 @@ def _unpack(data: bytes) -> dict[str, npt.NDArray[np.generic]]:
 
 
 def _energy_int(e: F64) -> I64:
-    return np.where(np.isnan(e), -1, np.round(np.nan_to_num(e))).astype(np.int64)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(e), -1, np.round(e)).astype(np.int64)
 
 
 def pack_raw(b: RawBlock) -> bytes:

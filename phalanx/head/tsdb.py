@@ -3,7 +3,7 @@ own database (SQLite or PostgreSQL), written by its own thread with its own conn
 
 Storage (db.py `telemetry_chunks`): one row per node and time range holding packed numpy
 arrays (head/tsblocks.py), never one row per sample. Batches from agents are buffered in
-memory per node and flushed every `flush_s` (10 s) as one chunk per node and hour; each
+memory per node and flushed every `flush_s` (30 s) as one chunk per node and hour; each
 closed hour is then compacted into one raw chunk plus a chunk of minute rollups, and each
 closed day's minutes into a chunk of hour rollups. Retention (`phalanx head
 --telemetry-raw-days/--telemetry-minute-days/--telemetry-hour-days`: 7, 30, 365 days)
@@ -29,7 +29,17 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
 
 from phalanx.api.models import GpuTelemetry, JobProgress
 from phalanx.api.states import TERMINAL_JOB_STATES
@@ -118,7 +128,7 @@ class TelemetryStore:
         samples: GpuSamples,
         retention: Retention | None = None,
         *,
-        flush_s: float = 10.0,
+        flush_s: float = 30.0,
         maintain_s: float = 5.0,
         settle_s: float = 12.0,
         queue_max: int = 4096,
@@ -357,33 +367,42 @@ class TelemetryStore:
     def _write_spans(
         self, conn: Connection, spans: dict[tuple[int, int, str], list[float]]
     ) -> None:
+        """Which job ran on which node when: new rows, or a later `last` (one statement
+        each, executed for many rows)."""
         jn = db.job_nodes
-        new = []
-        for (job, epoch, node), (t0, t1) in spans.items():
-            key = (job, epoch, node)
-            if key in self._known_job_nodes:
-                conn.execute(
-                    update(jn)
-                    .where(and_(jn.c.job_id == job, jn.c.epoch == epoch, jn.c.node == node))
-                    .values(last=t1)
+        new, later = [], []
+        unknown = [k for k in spans if k not in self._known_job_nodes]
+        found: set[tuple[int, int, str]] = set()
+        for part in range(0, len(unknown), 500):
+            keys = unknown[part : part + 500]
+            rows = conn.execute(
+                select(jn.c.job_id, jn.c.epoch, jn.c.node).where(
+                    jn.c.job_id.in_(sorted({k[0] for k in keys}))
                 )
-                continue
-            found = conn.execute(
-                select(jn.c.first).where(
-                    and_(jn.c.job_id == job, jn.c.epoch == epoch, jn.c.node == node)
-                )
-            ).first()
-            if found is None:
-                new.append({"job_id": job, "epoch": epoch, "node": node, "first": t0, "last": t1})
+            ).all()
+            found |= {(r.job_id, r.epoch, r.node) for r in rows}
+        for key, (t0, t1) in spans.items():
+            job, epoch, node = key
+            if key in self._known_job_nodes or key in found:
+                later.append({"j": job, "e": epoch, "n": node, "t": t1})
             else:
-                conn.execute(
-                    update(jn)
-                    .where(and_(jn.c.job_id == job, jn.c.epoch == epoch, jn.c.node == node))
-                    .values(last=t1)
-                )
+                new.append({"job_id": job, "epoch": epoch, "node": node, "first": t0, "last": t1})
             self._known_job_nodes.add(key)
         if new:
             conn.execute(insert(jn), new)
+        if later:
+            conn.execute(
+                update(jn)
+                .where(
+                    and_(
+                        jn.c.job_id == bindparam("j"),
+                        jn.c.epoch == bindparam("e"),
+                        jn.c.node == bindparam("n"),
+                    )
+                )
+                .values(last=bindparam("t")),
+                later,
+            )
         if len(self._known_job_nodes) > 200_000:
             self._known_job_nodes.clear()
 
