@@ -581,17 +581,25 @@ class TelemetryStore:
 
     # ------------------------------------------------------------------ reads
     def facts(self, job_id: int, now: float) -> JobFacts | None:
+        j = db.jobs
         with self.engine.connect() as conn:
             row = conn.execute(
-                select(db.jobs.c.state, db.jobs.c.start_time, db.jobs.c.end_time).where(
-                    db.jobs.c.id == job_id
+                select(j.c.state, j.c.start_time, j.c.end_time, j.c.spec_json).where(
+                    j.c.id == job_id
                 )
             ).first()
         if row is None:
             return None
         ended = row.state in TERMINAL_JOB_STATES and row.end_time is not None
         final = ended and now >= row.end_time + self.settle_s
-        return JobFacts(job_id, row.state, final, row.start_time, row.end_time, now)
+        request = None
+        try:
+            spec = json.loads(row.spec_json)
+            if isinstance(spec.get("mem_mb"), int):
+                request = spec["mem_mb"] * max(1, int(spec.get("nodes") or 1))
+        except (ValueError, TypeError, AttributeError):
+            pass
+        return JobFacts(job_id, row.state, final, row.start_time, row.end_time, now, request)
 
     def stats(self, facts: JobFacts) -> JobStats:
         """The job's stats from its samples (no series)."""
