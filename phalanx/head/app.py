@@ -649,7 +649,8 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     async def heartbeat(body: m.Heartbeat, who: Who) -> m.DesiredState:
         return await head.heartbeat(who, body)
 
-    return ApiVersion(StandbyGate(FastSubmit(app, head, keys), role), "head")
+    fast = telemetry_api.FastTelemetry(FastSubmit(app, head, keys), head)
+    return ApiVersion(StandbyGate(fast, role), "head")
 
 
 def _submit(head: Head, tx: Any, who: Principal, spec: m.JobSpec) -> m.SubmitResponse:
