@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from phalanx.agent import fakeload
 from phalanx.agent.fakeload import Holding
@@ -66,6 +67,30 @@ NAIVE_SCHEMA = (
 
 
 # ----------------------------------------------------------------------------- 1. storage
+def _noisy(minutes: list[list[Sample]], seed: int = 1) -> list[list[Sample]]:
+    """The same day with every reading random (utilisation 0-100 at 0.1%, memory, power,
+    temperature): the worst case for compression, as an upper bound on real GPUs."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for batch in minutes:
+        noisy = []
+        for s in batch:
+            gpus = tuple(
+                g.model_copy(
+                    update={
+                        "utilization_pct": round(float(rng.uniform(0, 100)), 1),
+                        "memory_used_mb": int(rng.integers(0, 81559)),
+                        "power_w": round(float(rng.uniform(65, 700)), 1),
+                        "temperature_c": round(float(rng.uniform(30, 85)), 1),
+                    }
+                )
+                for g in s.gpus
+            )
+            noisy.append(Sample(s.time, gpus, s.epochs, s.jobs))
+        out.append(noisy)
+    return out
+
+
 def _day_of_samples(gpus: int) -> list[list[Sample]]:
     """A day of 10 s samples of one node, a minute (6 samples) per list."""
     clock = FakeClock(T0)
@@ -100,8 +125,10 @@ def _day_of_samples(gpus: int) -> list[list[Sample]]:
     return minutes
 
 
-def storage(gpus: int) -> dict[str, Any]:
+def storage(gpus: int, noisy: bool = False) -> dict[str, Any]:
     minutes = _day_of_samples(gpus)
+    if noisy:
+        minutes = _noisy(minutes)
     with tempfile.TemporaryDirectory() as tmp:
         engine = db.make_engine(f"sqlite:///{tmp}/tele.db")
         upgrade(engine)
@@ -239,6 +266,7 @@ def ingest_in_process(nodes: int, gpus: int, rounds: int = 6) -> dict[str, Any]:
     return {
         "store_cpu_pct_of_one_core": round(100 * ours / seconds, 2),
         "flush_of_30s_all_nodes_ms": round(flush_ms, 1),
+        "flush_longest_transaction_ms": store.counters.longest_flush_tx_ms,
         "hourly_compaction_cpu_s": round(compact, 3),
         "hourly_compaction_cpu_pct_of_one_core": round(100 * compact / 3600, 3),
         "baseline_row_per_sample_cpu_pct_of_one_core": round(100 * base / seconds, 2),
@@ -401,6 +429,7 @@ def main() -> None:
     a = p.parse_args()
     out: dict[str, Any] = {"nodes": a.nodes, "gpus_per_node": a.gpus, "interval_s": 10}
     out["storage"] = storage(a.gpus)
+    out["storage_worst_case_random_readings"] = storage(a.gpus, noisy=True)
     out["ingest_in_process"] = ingest_in_process(a.nodes, a.gpus)
     if not a.no_http:
         out["http"] = over_http(a.nodes, a.gpus, a.jobs, a.clients)

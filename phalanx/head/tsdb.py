@@ -69,6 +69,7 @@ from phalanx.head.tsblocks import (
 log = logging.getLogger(__name__)
 
 RAW, MINUTE, HOUR = 0, 1, 2
+FLUSH_GROUP = 100  # nodes written per transaction
 HOUR_S, DAY_S = 3600.0, 86400.0
 _T = db.telemetry_chunks
 
@@ -114,6 +115,7 @@ class Counters:
     stale: int = 0  # samples older than what the node already sent (resent)
     refused_busy: int = 0  # batches refused with 503 (queue full)
     flushes: int = 0
+    longest_flush_tx_ms: float = 0.0  # the last flush's longest transaction
     chunks_written: int = 0
     summaries: int = 0
     errors: int = 0
@@ -336,20 +338,35 @@ class TelemetryStore:
             progress, self._progress_rows = self._progress_rows, []
         if not (self._flushing or spans or progress):
             return 0
-        rows = []
-        for node, blocks in self._flushing.items():
-            for merged in concat(blocks):
-                for part in _split_hours(merged):
-                    rows.append(_raw_row(node, part))
+        # Nodes a few hundred at a time, each group its own short transaction: on SQLite a
+        # write transaction holds the database's one write lock, which the control thread's
+        # commits (submits) wait for; many short holds delay a submit far less than one.
+        nodes = list(self._flushing)
+        written = 0
+        longest = 0.0
         try:
-            with self.engine.begin() as conn:
-                if rows:
+            for i in range(0, len(nodes), FLUSH_GROUP):
+                group = nodes[i : i + FLUSH_GROUP]
+                rows = [
+                    _raw_row(node, part)
+                    for node in group
+                    for merged in concat(self._flushing[node])
+                    for part in _split_hours(merged)
+                ]
+                t0 = time.perf_counter()
+                with self.engine.begin() as conn:
                     conn.execute(insert(_T), rows)
+                longest = max(longest, time.perf_counter() - t0)
+                with self._lock:
+                    for node in group:
+                        del self._flushing[node]
+                written += len(rows)
+            with self.engine.begin() as conn:
                 self._write_spans(conn, spans)
                 if progress:
                     conn.execute(insert(db.job_progress), progress)
         except Exception:
-            with self._lock:  # keep them for the next flush
+            with self._lock:  # keep what was not written for the next flush
                 for node, blocks in self._flushing.items():
                     self._pending[node] = blocks + self._pending.get(node, [])
                 for key, span in spans.items():
@@ -358,11 +375,10 @@ class TelemetryStore:
                 self._progress_rows = progress + self._progress_rows
                 self._flushing = {}
             raise
-        with self._lock:
-            self._flushing = {}
         self.counters.flushes += 1
-        self.counters.chunks_written += len(rows)
-        return len(rows)
+        self.counters.chunks_written += written
+        self.counters.longest_flush_tx_ms = round(1000 * longest, 2)
+        return written
 
     def _write_spans(
         self, conn: Connection, spans: dict[tuple[int, int, str], list[float]]
