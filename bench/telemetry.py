@@ -189,30 +189,32 @@ def _naive_bytes(minutes: list[list[Sample]], tmp: str) -> int:
 
 
 # ----------------------------------------------------------------------------- 2. ingest
-def _bodies(nodes: int, gpus: int, t: float) -> list[bytes]:
-    """One batch per node: one sample of each GPU, half of them held by a job."""
+def _bodies(nodes: int, gpus: int, t: float, samples: int = 1) -> list[bytes]:
+    """One batch per node: `samples` samples 10 s apart ending at `t`, of each GPU, half of
+    them held by a job."""
+    times = [t - 10.0 * (samples - 1 - k) for k in range(samples)]
     out = []
     for n in range(nodes):
+        util = [93.0 + (n * 7 + g) % 5 if g < gpus // 2 else 0.0 for g in range(gpus)]
         body = {
             "node": f"n{n}",
             "sent_at": t,
             "gpus": list(range(gpus)),
-            "times": [t],
-            "utilization_pct": [
-                93.0 + (n * 7 + g) % 5 if g < gpus // 2 else 0.0 for g in range(gpus)
-            ],
-            "memory_used_mb": [60_000 if g < gpus // 2 else 0 for g in range(gpus)],
-            "power_w": [650.0 if g < gpus // 2 else 65.0 for g in range(gpus)],
-            "temperature_c": [70.0 if g < gpus // 2 else 32.0 for g in range(gpus)],
-            "energy_j": [1e6 + 6500.0 * t / 10 for _ in range(gpus)],
-            "job_id": [n + 1 if g < gpus // 2 else None for g in range(gpus)],
-            "epoch": [1 if g < gpus // 2 else None for g in range(gpus)],
-        }  # fmt: skip
+            "times": times,
+            "utilization_pct": util * samples,
+            "memory_used_mb": [60_000 if g < gpus // 2 else 0 for g in range(gpus)] * samples,
+            "power_w": [650.0 if g < gpus // 2 else 65.0 for g in range(gpus)] * samples,
+            "temperature_c": [70.0 if g < gpus // 2 else 32.0 for g in range(gpus)] * samples,
+            "energy_j": [1e6 + 650.0 * x for x in times for _ in range(gpus)],
+            "job_id": [n + 1 if g < gpus // 2 else None for g in range(gpus)] * samples,
+            "epoch": [1 if g < gpus // 2 else None for g in range(gpus)] * samples,
+        }
         out.append(json.dumps(body).encode())
     return out
 
 
-def ingest_in_process(nodes: int, gpus: int, rounds: int = 6) -> dict[str, Any]:
+def ingest_in_process(nodes: int, gpus: int, ship: int, rounds: int = 6) -> dict[str, Any]:
+    per = max(1, ship // 10)  # samples per batch
     with tempfile.TemporaryDirectory() as tmp:
         engine = db.make_engine(f"sqlite:///{tmp}/tele.db")
         upgrade(engine)
@@ -222,13 +224,13 @@ def ingest_in_process(nodes: int, gpus: int, rounds: int = 6) -> dict[str, Any]:
         naive.executescript(NAIVE_SCHEMA)
         ours = base = 0.0
         for r in range(rounds):
-            clock.wall = T0 + 10 * r
-            bodies = _bodies(nodes, gpus, clock.wall)
+            clock.wall = T0 + 10 * per * (r + 1)
+            bodies = _bodies(nodes, gpus, clock.wall, per)
             c0 = time.process_time()
             for body in bodies:
                 store.submit(TelemetryBatch.model_validate_json(body))
             store.drain()
-            if r % 3 == 2:
+            if (r + 1) * per % 3 == 0:
                 store.flush()  # the store flushes every 30 s
             ours += time.process_time() - c0
             c0 = time.process_time()
@@ -248,7 +250,7 @@ def ingest_in_process(nodes: int, gpus: int, rounds: int = 6) -> dict[str, Any]:
         # One flush of 30 s of every node's samples (what the store writes every 30 s): the
         # time it holds SQLite's write lock, which a submit's commit may wait for.
         for r in range(3):
-            clock.wall = T0 + 60 + 10 * r
+            clock.wall = T0 + 10 * per * rounds + 10 * (r + 1)
             for body in _bodies(nodes, gpus, clock.wall):
                 store.submit(TelemetryBatch.model_validate_json(body))
             store.drain()
@@ -262,7 +264,7 @@ def ingest_in_process(nodes: int, gpus: int, rounds: int = 6) -> dict[str, Any]:
         compact = time.process_time() - c0
         naive.close()
         engine.dispose()
-    seconds = 10.0 * rounds
+    seconds = 10.0 * per * rounds
     return {
         "store_cpu_pct_of_one_core": round(100 * ours / seconds, 2),
         "flush_of_30s_all_nodes_ms": round(flush_ms, 1),
@@ -295,15 +297,20 @@ def _register(url: str, join: str, nodes: int, gpus: int) -> list[str]:
     return tokens
 
 
-def _feeder(url: str, tokens: list[str], bodies: list[bytes], period: float, stop: Any) -> None:
-    """Post each node's batch once per `period`, spread evenly, on keep-alive sockets."""
+def _feeder(url: str, tokens: list[str], nodes: int, gpus: int, ship: int, stop: Any) -> None:
+    """Post each node's batch once per `ship` seconds, spread evenly, fresh samples each
+    cycle, on keep-alive sockets."""
     host, port = url.split("://")[1].split(":")
     socks = [socket.create_connection((host, int(port))) for _ in range(4)]
-    gap = period / len(tokens)
+    per = max(1, ship // 10)
+    gap = ship / len(tokens)
     nxt = time.monotonic()
     i = 0
+    bodies: list[bytes] = []
     while not stop.is_set():
-        body = bodies[i % len(bodies)]
+        if i % len(tokens) == 0:
+            bodies = _bodies(nodes, gpus, time.time(), per)
+        body = bodies[i % len(tokens)]
         req = (
             f"POST /v1/telemetry HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
             f"{tokens[i % len(tokens)]}\r\nContent-Type: application/json\r\n"
@@ -330,13 +337,14 @@ def _read_all(s: socket.socket) -> None:
         rest += s.recv(65536)
 
 
-def over_http(nodes: int, gpus: int, jobs: int, clients: int) -> dict[str, Any]:
+def over_http(nodes: int, gpus: int, ship: int, jobs: int, clients: int) -> dict[str, Any]:
+    per = max(1, ship // 10)
     with tempfile.TemporaryDirectory() as tmp:
         cluster = LocalCluster(Path(tmp), nodes=1, gpus_per_node=1, tls=False)
         with cluster:
             head_pid = cluster.processes()[0].pid
             tokens = _register(cluster.url, cluster.join_token, nodes, gpus)
-            t = time.time()
+            t = time.time() - 3600  # the rounds below move on from here, 10 s a sample
             bodies = _bodies(nodes, gpus, t)
             # Bodies carry each node's own name: pair them.
             with httpx.Client(timeout=60) as c:  # warm up every node once
@@ -348,20 +356,21 @@ def over_http(nodes: int, gpus: int, jobs: int, clients: int) -> dict[str, Any]:
             # (b) a round: every node's batch, as fast as the head takes them.
             rounds = 3
             cpu0, w0 = _cpu_s(head_pid), time.monotonic()
-            for _ in range(rounds):
-                stop = threading.Event()
-                stop.set()  # one pass only
-                _one_pass(cluster.url, tokens, bodies)
+            for k in range(rounds):
+                fresh = _bodies(nodes, gpus, t + 10.0 * per * (k + 1), per)
+                _one_pass(cluster.url, tokens, fresh)
             cpu = (_cpu_s(head_pid) - cpu0) / rounds
             wall = (time.monotonic() - w0) / rounds
-            # 3. submits/s, telemetry off then on (alternating twice: a shared machine drifts)
+            # 3. submits/s, telemetry off then on, alternating: a shared machine drifts
             rates: dict[str, list[float]] = {"off": [], "on": []}
             for mode in ("off", "on") * 3:
                 stop = threading.Event()
                 feeder = None
                 if mode == "on":
                     feeder = threading.Thread(
-                        target=_feeder, args=(cluster.url, tokens, bodies, 10.0, stop), daemon=True
+                        target=_feeder,
+                        args=(cluster.url, tokens, nodes, gpus, ship, stop),
+                        daemon=True,
                     )
                     feeder.start()
                     time.sleep(1.0)
@@ -373,7 +382,7 @@ def over_http(nodes: int, gpus: int, jobs: int, clients: int) -> dict[str, Any]:
     off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
     return {
         "head_cpu_s_per_round_all_nodes": round(cpu, 3),
-        "head_cpu_pct_of_one_core_at_10s": round(100 * cpu / 10.0, 2),
+        "head_cpu_pct_of_one_core": round(100 * cpu / (10.0 * per), 2),
         "round_wall_s": round(wall, 3),
         "submits_per_s_telemetry_off": round(off),
         "submits_per_s_telemetry_on": round(on),
@@ -425,14 +434,19 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--jobs", type=int, default=3000)
     p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--ship", type=int, default=10, help="seconds between a node's batches")
     p.add_argument("--no-http", action="store_true", help="skip parts 2b and 3")
+    p.add_argument("--no-storage", action="store_true", help="skip part 1")
     a = p.parse_args()
-    out: dict[str, Any] = {"nodes": a.nodes, "gpus_per_node": a.gpus, "interval_s": 10}
-    out["storage"] = storage(a.gpus)
-    out["storage_worst_case_random_readings"] = storage(a.gpus, noisy=True)
-    out["ingest_in_process"] = ingest_in_process(a.nodes, a.gpus)
+    out: dict[str, Any] = {
+        "nodes": a.nodes, "gpus_per_node": a.gpus, "interval_s": 10, "ship_s": a.ship
+    }  # fmt: skip
+    if not a.no_storage:
+        out["storage"] = storage(a.gpus)
+        out["storage_worst_case_random_readings"] = storage(a.gpus, noisy=True)
+    out["ingest_in_process"] = ingest_in_process(a.nodes, a.gpus, a.ship)
     if not a.no_http:
-        out["http"] = over_http(a.nodes, a.gpus, a.jobs, a.clients)
+        out["http"] = over_http(a.nodes, a.gpus, a.ship, a.jobs, a.clients)
     print(json.dumps(out))
 
 
