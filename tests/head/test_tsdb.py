@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine, select
 
-from phalanx.api.models import GpuTelemetry
+from phalanx.api.models import GpuTelemetry, JobProgress
 from phalanx.api.telemetry import TelemetryBatch
 from phalanx.head import db
 from phalanx.head.migrate import upgrade
@@ -210,3 +210,19 @@ def test_ingest_queue_is_bounded(engine: Engine) -> None:
         store.submit(b)
     assert store.counters.refused_busy == 1
     assert store.drain() == 2
+
+
+def test_progress_history_keeps_rank_0_every_few_seconds(engine: Engine) -> None:
+    clock = FakeClock(T0)
+    store = TelemetryStore(engine, clock.time, GpuSamples(), progress_every_s=5.0)
+    for i in range(12):  # a report a second from ranks 0 and 1
+        for rank in (0, 1):
+            report = JobProgress(rank=rank, step=i, loss=1.0, mfu=0.4 + i / 100, time=T0 + i)
+            store.progress(JOB, report)
+        clock.advance(1.0)
+    store.drain()
+    buffered = [(r.step, r.time) for r in store.progress_rows(JOB)]
+    assert buffered == [(0, T0), (5, T0 + 5), (10, T0 + 10)]
+    store.flush()
+    assert [(r.step, r.mfu) for r in store.progress_rows(JOB)] == [(0, 0.4), (5, 0.45), (10, 0.5)]
+    assert store.progress_rows(JOB + 1) == []
