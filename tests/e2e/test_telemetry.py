@@ -148,6 +148,27 @@ def test_a_job_drives_its_utilisation_at_run_time(
     assert values.count(20.0) >= 3 and values.count(60.0) >= 3
 
 
+def test_a_jobs_cpu_and_memory_use(
+    tele: tuple[LocalCluster, str], api: PhalanxClient, tmp_path: Path
+) -> None:
+    burn = "import time\nt = time.time()\nb = bytearray(64 << 20)\nwhile time.time() - t < 6: pass"
+    spec = job(
+        tmp_path,
+        ["python3", "-c", burn],
+        launcher="node",
+        cpus_per_task=1,
+        env={"PHALANX_FAKE_GPU_UTIL": "20"},
+    )
+    job_id = api.submit(spec).job_ids[0]
+    wait_state(api, job_id, "CD", timeout=60)
+    done = wait_for("final stats", lambda: s if (s := api.job_stats(job_id)).final else None, 30)
+    # One busy loop: most of a core (a shared machine takes some), 64 MiB and more held.
+    assert done.cpu_cores_mean is not None and 0.3 < done.cpu_cores_mean <= 1.1
+    assert done.cpus is not None and done.cpus >= 1
+    assert done.memory_peak_mb is not None and done.memory_peak_mb >= 64
+    assert done.per_gpu[0].mean_util_pct == 20.0
+
+
 def test_stats_of_a_job_nobody_may_see_or_that_does_not_exist(
     tele: tuple[LocalCluster, str], api: PhalanxClient
 ) -> None:
