@@ -226,3 +226,20 @@ def test_progress_history_keeps_rank_0_every_few_seconds(engine: Engine) -> None
     store.flush()
     assert [(r.step, r.mfu) for r in store.progress_rows(JOB)] == [(0, 0.4), (5, 0.45), (10, 0.5)]
     assert store.progress_rows(JOB + 1) == []
+
+
+def test_heartbeat_readings_update_the_latest_view_but_not_the_stream() -> None:
+    stream = Stream()
+    now = [GpuTelemetry(index=0, utilization_pct=50.0)]
+    stream.observe("n1", now, 100.0)  # a heartbeat's reading
+    assert stream.seen == []
+    latest = stream.latest("n1")
+    assert latest is not None and latest.time == 100.0
+    # A batch's older samples reach the stream but do not roll the latest view back.
+    stream.record("n1", [GpuTelemetry(index=0, utilization_pct=10.0)], 90.0)
+    assert [t for _, t, _ in stream.seen] == [90.0]
+    latest = stream.latest("n1")
+    assert latest is not None and latest.gpus[0].utilization_pct == 50.0
+    stream.record("n1", [GpuTelemetry(index=0, utilization_pct=20.0)], 110.0)
+    latest = stream.latest("n1")
+    assert latest is not None and latest.gpus[0].utilization_pct == 20.0
