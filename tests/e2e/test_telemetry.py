@@ -5,6 +5,7 @@ drive them, ship batches to the head, the head stores them, and a job's stats (A
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,6 +168,36 @@ def test_a_jobs_cpu_and_memory_use(
     assert done.cpus is not None and done.cpus >= 1
     assert done.memory_peak_mb is not None and done.memory_peak_mb >= 64
     assert done.per_gpu[0].mean_util_pct == 20.0
+
+
+REPORTS = """\
+import time
+from phalanx.train.report import Progress, Reporter
+r = Reporter(rank=0, local_rank=0, printer=lambda line: None)
+for i in range(14):  # a report every 0.5 s, as phalanx.train posts them
+    r.report(Progress(0, i, 2.0, 1000.0 * (i + 1), 0.30 + i / 100, time.time()))
+    time.sleep(0.5)
+r.close()
+"""
+
+
+def test_mfu_and_tokens_per_s_over_time(
+    tele: tuple[LocalCluster, str], api: PhalanxClient, tmp_path: Path
+) -> None:
+    spec = job(tmp_path, [sys.executable, "-c", REPORTS], launcher="node")
+    job_id = api.submit(spec).job_ids[0]
+    wait_state(api, job_id, "CD", timeout=60)
+    done = wait_for("final stats", lambda: s if (s := api.job_stats(job_id)).final else None, 30)
+    # The head keeps one report per job every 5 s: steps 0, ~10 (7 s of reports).
+    mfu = [p.value for p in done.mfu_series]
+    tps = [p.value for p in done.tokens_per_s_series]
+    assert 2 <= len(mfu) <= 3 and mfu[0] == 0.30 and mfu == sorted(mfu)
+    assert all(
+        v is not None and round(v * 100) - 30 == (t or 0) / 1000 - 1
+        for v, t in zip(mfu, tps, strict=True)
+    )
+    assert done.mfu_mean == round(sum(v for v in mfu if v is not None) / len(mfu), 6)
+    assert [p.time for p in done.mfu_series] == sorted(p.time for p in done.mfu_series)
 
 
 def test_stats_of_a_job_nobody_may_see_or_that_does_not_exist(
