@@ -5,6 +5,7 @@ drive them, ship batches to the head, the head stores them, and a job's stats (A
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,3 +208,24 @@ def test_stats_of_a_job_nobody_may_see_or_that_does_not_exist(
     assert missing.value.status == 404
     shown = invoke("jobstats", "nope", env=cluster.client_env())
     assert shown.exit_code == 2 and "Traceback" not in shown.stderr + shown.stdout
+
+
+def test_stats_survive_a_head_restart(
+    tele: tuple[LocalCluster, str], api: PhalanxClient, tmp_path: Path
+) -> None:
+    """Runs last in this module: it restarts the head. A head stopped with SIGTERM writes
+    what it buffered; the kept summary and the samples come back with it."""
+    cluster, _ = tele
+    env = {"PHALANX_FAKE_GPU_UTIL": "60,0"}
+    spec = job(tmp_path, sh("sleep 4"), gpus_per_node=2, launcher="node", env=env)
+    job_id = api.submit(spec).job_ids[0]
+    wait_state(api, job_id, "CD", timeout=60)
+    done = wait_for("final stats", lambda: s if (s := api.job_stats(job_id)).final else None, 30)
+    cluster.kill_head(signal.SIGTERM)  # returns once it exited
+    cluster.restart_head()
+    with cluster.client() as again:
+        after = again.job_stats(job_id)
+    assert after.final and after.notes == done.notes
+    assert after.per_gpu == done.per_gpu  # the samples were flushed before it stopped
+    assert [g.mean_util_pct for g in after.per_gpu] == [60.0, 0.0]
+    assert after.util_series == done.util_series
