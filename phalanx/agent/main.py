@@ -463,6 +463,11 @@ def _check_health_settings(cfg: AgentConfig) -> None:
         problem = check_problem(path)
         if problem is not None:
             raise AgentError(problem)
+    try:
+        telemetry.check_interval(cfg.telemetry_interval_s, "--telemetry-interval")
+        telemetry.check_interval(cfg.telemetry_ship_s, "--telemetry-ship")
+    except ValueError as e:
+        raise AgentError(str(e)) from None
 
 
 def _listen(address: str, port: int, remembered: Path | None = None) -> socket.socket:

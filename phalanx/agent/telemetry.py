@@ -139,11 +139,14 @@ class Sampler:
         for h in holdings[:MAX_BATCH_JOBS]:
             cpu_s: float | None
             mem: int | None
-            if h.cgroup is not None:
+            cpu_s = mem = None
+            if h.cgroup is not None:  # v1 jobs may have no cpuacct controller: /proc then
                 cpu_s, mem = usage.cgroup_cpu_s(h.cgroup), usage.cgroup_memory_mb(h.cgroup)
-            else:
+            if cpu_s is None or mem is None:
                 got = usage.proc_usage(h.pids)
-                cpu_s, mem = (got[0], got[1]) if got is not None else (None, None)
+                if got is not None:
+                    cpu_s = got[0] if cpu_s is None else cpu_s
+                    mem = got[1] if mem is None else mem
             key = (h.job_id, h.epoch)
             before = self._cpu.get(key)
             if cpu_s is not None:

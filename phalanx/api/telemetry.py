@@ -143,6 +143,7 @@ class JobStats(Lenient):
     cpu_cores_max: Cores | None
     cpus: Annotated[int, Field(ge=0, le=100_000)] | None  # CPUs it may use (all nodes)
     memory_peak_mb: MiB | None
+    memory_request_mb: Annotated[int, Field(ge=0, le=2**50)] | None = None  # --mem × nodes
     mfu_mean: Measure | None
     tokens_per_s_mean: Measure | None
     per_gpu: list[GpuStats] = Field(default=[], max_length=MAX_NODES * (MAX_GPUS_PER_NODE + 1))

@@ -662,7 +662,8 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         return await head.heartbeat(who, body)
 
     app.include_router(metricsapi.router())  # /metrics, /v1/metrics/*
-    return ApiVersion(StandbyGate(FastSubmit(app, head, keys), role), "head")
+    fast = telemetry_api.FastTelemetry(FastSubmit(app, head, keys), head)
+    return ApiVersion(StandbyGate(fast, role), "head")
 
 
 def _submit(head: Head, tx: Any, who: Principal, spec: m.JobSpec) -> m.SubmitResponse:

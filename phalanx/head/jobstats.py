@@ -43,6 +43,7 @@ class JobFacts:
     start_time: float | None
     end_time: float | None
     now: float
+    memory_request_mb: int | None = None  # over all its nodes (--mem × nodes); None: none
 
 
 def compute(
@@ -124,6 +125,7 @@ def compute(
     if facts.start_time is not None:
         elapsed = max(0.0, (facts.end_time or facts.now) - facts.start_time)
     stats = t.JobStats(
+        memory_request_mb=facts.memory_request_mb,
         job_id=jid,
         state=facts.state,
         final=facts.final,
@@ -192,6 +194,12 @@ def notes(s: t.JobStats) -> list[str]:
             f"GPU memory far below what the GPUs have: peak {peak / 1024:.1f} GiB of "
             f"{total / 1024:.0f} GiB ({100 * peak / total:.0f}%): a larger batch, or a "
             "smaller GPU, would do"
+        )
+    request = s.memory_request_mb
+    if request and s.memory_peak_mb is not None and s.memory_peak_mb < LOW_MEMORY * request:
+        out.append(
+            f"memory far below the request: peak {s.memory_peak_mb / 1024:.1f} GiB of "
+            f"{request / 1024:.1f} GiB asked for (--mem); ask for less"
         )
     if not out and mean_used is not None:
         out.append(f"GPUs well used: {mean_used:.0f}% on average")

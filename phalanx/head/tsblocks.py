@@ -11,6 +11,7 @@ it back exactly (to the stored precision: 0.1% utilisation, 1 MiB, 0.1 W, 0.1 °
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ I64 = npt.NDArray[Any]
 I32 = npt.NDArray[Any]
 
 _MAGIC = b"PXT1"
+_HOUR_S = 3600.0
 _U16_NONE, _U32_NONE, _I16_NONE = 65535, 2**32 - 1, -32768
 
 
@@ -212,10 +214,56 @@ def energy_steps(energy: F64) -> F64:
     return steps
 
 
+def split_hours(b: RawBlock) -> list[RawBlock]:
+    """The block cut at hour boundaries: a raw chunk never spans two hours."""
+    if not b.n:
+        return []
+    first = math.floor(float(b.times[0]) / _HOUR_S)
+    last = math.floor(float(b.times[-1]) / _HOUR_S)
+    if first == last:
+        return [b]
+    return [
+        part for h in range(first, last + 1) if (part := b.window(h * _HOUR_S, (h + 1) * _HOUR_S)).n
+    ]
+
+
+def dedupe(b: RawBlock) -> RawBlock:
+    """Samples at distinct times only (a reader may see a block both buffered and stored)."""
+    if b.n < 2 or bool(np.all(np.diff(b.times) > 0)):
+        return b
+    _, keep = np.unique(b.times, return_index=True)
+    sel = np.zeros(b.n, dtype=bool)
+    sel[keep] = True
+    seen: set[tuple[float, int]] = set()
+    u_sel = np.zeros(b.u_time.shape[0], dtype=bool)
+    for i, key in enumerate(zip(b.u_time.tolist(), b.u_job.tolist(), strict=True)):
+        if key not in seen:
+            seen.add(key)
+            u_sel[i] = True
+    return RawBlock(
+        b.times[sel],
+        b.gpus,
+        b.util[:, sel],
+        b.memory[:, sel],
+        b.power[:, sel],
+        b.temperature[:, sel],
+        b.energy[:, sel],
+        b.job[:, sel],
+        b.epoch[:, sel],
+        b.u_job[u_sel],
+        b.u_epoch[u_sel],
+        b.u_time[u_sel],
+        b.u_cores[u_sel],
+        b.u_cpus[u_sel],
+        b.u_memory[u_sel],
+    )
+
+
 # ----------------------------------------------------------------------------- codec
 def _q(a: F64, scale: float, dtype: type[np.generic], none: int) -> npt.NDArray[np.generic]:
     """Quantise floats (NaN: `none`)."""
-    return np.where(np.isnan(a), none, np.round(np.nan_to_num(a) * scale)).astype(dtype)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(a), none, np.round(a * scale)).astype(dtype)
 
 
 def _dq(a: npt.NDArray[np.generic], scale: float, none: int) -> F64:
@@ -260,7 +308,8 @@ def _unpack(data: bytes) -> dict[str, npt.NDArray[np.generic]]:
 
 
 def _energy_int(e: F64) -> I64:
-    return np.where(np.isnan(e), -1, np.round(np.nan_to_num(e))).astype(np.int64)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isnan(e), -1, np.round(e)).astype(np.int64)
 
 
 def pack_raw(b: RawBlock) -> bytes:

@@ -3,7 +3,7 @@ own database (SQLite or PostgreSQL), written by its own thread with its own conn
 
 Storage (db.py `telemetry_chunks`): one row per node and time range holding packed numpy
 arrays (head/tsblocks.py), never one row per sample. Batches from agents are buffered in
-memory per node and flushed every `flush_s` (10 s) as one chunk per node and hour; each
+memory per node and flushed every `flush_s` (30 s) as one chunk per node and hour; each
 closed hour is then compacted into one raw chunk plus a chunk of minute rollups, and each
 closed day's minutes into a chunk of hour rollups. Retention (`phalanx head
 --telemetry-raw-days/--telemetry-minute-days/--telemetry-hour-days`: 7, 30, 365 days)
@@ -29,12 +29,21 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import Connection, Engine, and_, delete, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
 
 from phalanx.api.models import GpuTelemetry, JobProgress
 from phalanx.api.states import TERMINAL_JOB_STATES
 from phalanx.api.telemetry import GpuSeries, JobStats, Resolution, TelemetryBatch
-from phalanx.head import db
+from phalanx.head import db, tsmaint
 from phalanx.head.jobstats import (
     JobFacts,
     ProgressRow,
@@ -48,19 +57,20 @@ from phalanx.head.tsblocks import (
     RawBlock,
     RollupBlock,
     concat,
-    pack_raw,
-    pack_rollup,
+    dedupe,
     rollup,
     rollup_of_rollup,
+    split_hours,
     unpack_raw,
     unpack_rollup,
 )
+from phalanx.head.tsmaint import DAY_S, HOUR, HOUR_S, MINUTE, RAW, raw_row
 
 log = logging.getLogger(__name__)
 
-RAW, MINUTE, HOUR = 0, 1, 2
-HOUR_S, DAY_S = 3600.0, 86400.0
+FLUSH_GROUP = 100  # nodes written per transaction
 _T = db.telemetry_chunks
+__all__ = ["HOUR", "MINUTE", "RAW", "Overloaded", "Retention", "TelemetryStore", "retention"]
 
 
 def retention(settings: Settings) -> Retention:
@@ -104,6 +114,7 @@ class Counters:
     stale: int = 0  # samples older than what the node already sent (resent)
     refused_busy: int = 0  # batches refused with 503 (queue full)
     flushes: int = 0
+    longest_flush_tx_ms: float = 0.0  # the last flush's longest transaction
     chunks_written: int = 0
     summaries: int = 0
     errors: int = 0
@@ -118,7 +129,7 @@ class TelemetryStore:
         samples: GpuSamples,
         retention: Retention | None = None,
         *,
-        flush_s: float = 10.0,
+        flush_s: float = 30.0,
         maintain_s: float = 5.0,
         settle_s: float = 12.0,
         queue_max: int = 4096,
@@ -142,7 +153,7 @@ class TelemetryStore:
         self._known_job_nodes: set[tuple[int, int, str]] = set()
         self._progress_rows: list[dict[str, object]] = []
         self._progress_last: dict[int, float] = {}
-        self._watermark: float | None = None  # hours before this are compacted
+        self.watermark: float | None = None  # hours before this are compacted (tsmaint)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.leader: Callable[[], bool] = lambda: True  # False: a standby (writes nothing)
@@ -326,20 +337,35 @@ class TelemetryStore:
             progress, self._progress_rows = self._progress_rows, []
         if not (self._flushing or spans or progress):
             return 0
-        rows = []
-        for node, blocks in self._flushing.items():
-            for merged in concat(blocks):
-                for part in _split_hours(merged):
-                    rows.append(_raw_row(node, part))
+        # Nodes a few hundred at a time, each group its own short transaction: on SQLite a
+        # write transaction holds the database's one write lock, which the control thread's
+        # commits (submits) wait for; many short holds delay a submit far less than one.
+        nodes = list(self._flushing)
+        written = 0
+        longest = 0.0
         try:
-            with self.engine.begin() as conn:
-                if rows:
+            for i in range(0, len(nodes), FLUSH_GROUP):
+                group = nodes[i : i + FLUSH_GROUP]
+                rows = [
+                    raw_row(node, part)
+                    for node in group
+                    for merged in concat(self._flushing[node])
+                    for part in split_hours(merged)
+                ]
+                t0 = time.perf_counter()
+                with self.engine.begin() as conn:
                     conn.execute(insert(_T), rows)
+                longest = max(longest, time.perf_counter() - t0)
+                with self._lock:
+                    for node in group:
+                        del self._flushing[node]
+                written += len(rows)
+            with self.engine.begin() as conn:
                 self._write_spans(conn, spans)
                 if progress:
                     conn.execute(insert(db.job_progress), progress)
         except Exception:
-            with self._lock:  # keep them for the next flush
+            with self._lock:  # keep what was not written for the next flush
                 for node, blocks in self._flushing.items():
                     self._pending[node] = blocks + self._pending.get(node, [])
                 for key, span in spans.items():
@@ -348,231 +374,80 @@ class TelemetryStore:
                 self._progress_rows = progress + self._progress_rows
                 self._flushing = {}
             raise
-        with self._lock:
-            self._flushing = {}
         self.counters.flushes += 1
-        self.counters.chunks_written += len(rows)
-        return len(rows)
+        self.counters.chunks_written += written
+        self.counters.longest_flush_tx_ms = round(1000 * longest, 2)
+        return written
 
     def _write_spans(
         self, conn: Connection, spans: dict[tuple[int, int, str], list[float]]
     ) -> None:
+        """Which job ran on which node when: new rows, or a later `last` (one statement
+        each, executed for many rows)."""
         jn = db.job_nodes
-        new = []
-        for (job, epoch, node), (t0, t1) in spans.items():
-            key = (job, epoch, node)
-            if key in self._known_job_nodes:
-                conn.execute(
-                    update(jn)
-                    .where(and_(jn.c.job_id == job, jn.c.epoch == epoch, jn.c.node == node))
-                    .values(last=t1)
+        new, later = [], []
+        unknown = [k for k in spans if k not in self._known_job_nodes]
+        found: set[tuple[int, int, str]] = set()
+        for part in range(0, len(unknown), 500):
+            keys = unknown[part : part + 500]
+            rows = conn.execute(
+                select(jn.c.job_id, jn.c.epoch, jn.c.node).where(
+                    jn.c.job_id.in_(sorted({k[0] for k in keys}))
                 )
-                continue
-            found = conn.execute(
-                select(jn.c.first).where(
-                    and_(jn.c.job_id == job, jn.c.epoch == epoch, jn.c.node == node)
-                )
-            ).first()
-            if found is None:
-                new.append({"job_id": job, "epoch": epoch, "node": node, "first": t0, "last": t1})
+            ).all()
+            found |= {(r.job_id, r.epoch, r.node) for r in rows}
+        for key, (t0, t1) in spans.items():
+            job, epoch, node = key
+            if key in self._known_job_nodes or key in found:
+                later.append({"j": job, "e": epoch, "n": node, "t": t1})
             else:
-                conn.execute(
-                    update(jn)
-                    .where(and_(jn.c.job_id == job, jn.c.epoch == epoch, jn.c.node == node))
-                    .values(last=t1)
-                )
+                new.append({"job_id": job, "epoch": epoch, "node": node, "first": t0, "last": t1})
             self._known_job_nodes.add(key)
         if new:
             conn.execute(insert(jn), new)
+        if later:
+            conn.execute(
+                update(jn)
+                .where(
+                    and_(
+                        jn.c.job_id == bindparam("j"),
+                        jn.c.epoch == bindparam("e"),
+                        jn.c.node == bindparam("n"),
+                    )
+                )
+                .values(last=bindparam("t")),
+                later,
+            )
         if len(self._known_job_nodes) > 200_000:
             self._known_job_nodes.clear()
 
     def maintain(self, now: float) -> None:
         """Compact and roll up closed hours and days, apply retention, write the summaries
-        of jobs that ended."""
-        if not self.leader():
-            return
-        self._compact_hours(now)
-        self._rollup_days(now)
-        self._expire(now)
-        self._summarise(now)
-
-    def _compact_hours(self, now: float) -> None:
-        closed = math.floor((now - 2 * self.flush_s) / HOUR_S) * HOUR_S  # hours before it
-        since = self._watermark if self._watermark is not None else now - self.retention.raw_s
-        with self.engine.connect() as conn:
-            raw = conn.execute(
-                select(_T.c.node, _T.c.start).where(
-                    and_(_T.c.level == RAW, _T.c.end >= since, _T.c.start < closed)
-                )
-            ).all()
-            done = {
-                (r.node, r.start)
-                for r in conn.execute(
-                    select(_T.c.node, _T.c.start).where(
-                        and_(
-                            _T.c.level == MINUTE, _T.c.start >= math.floor(since / HOUR_S) * HOUR_S
-                        )
-                    )
-                )
-            }
-        count: dict[tuple[str, float], int] = {}
-        for r in raw:
-            key = (r.node, math.floor(r.start / HOUR_S) * HOUR_S)
-            count[key] = count.get(key, 0) + 1
-        for (node, hour), n in sorted(count.items(), key=lambda kv: kv[0][1]):
-            if n > 1 or (node, hour) not in done:
-                self._compact(node, hour)
-        self._watermark = closed
-
-    def _compact(self, node: str, hour: float) -> None:
-        """One raw chunk and one minute-rollup chunk for (node, hour)."""
-        with self.engine.begin() as conn:
-            rows = conn.execute(
-                select(_T.c.id, _T.c.data).where(
-                    and_(
-                        _T.c.level == RAW,
-                        _T.c.node == node,
-                        _T.c.start >= hour,
-                        _T.c.start < hour + HOUR_S,
-                    )
-                )
-            ).all()
-            if not rows:
-                return
-            blocks = concat([unpack_raw(r.data) for r in rows])
-            blocks = [_dedupe(b) for b in blocks]
-            conn.execute(delete(_T).where(_T.c.id.in_([r.id for r in rows])))
-            conn.execute(insert(_T), [_raw_row(node, b) for b in blocks if b.n])
-            conn.execute(
-                delete(_T).where(and_(_T.c.level == MINUTE, _T.c.node == node, _T.c.start == hour))
-            )
-            prev = conn.execute(
-                select(_T.c.data)
-                .where(
-                    and_(
-                        _T.c.level == RAW,
-                        _T.c.node == node,
-                        _T.c.start >= hour - HOUR_S,
-                        _T.c.start < hour,
-                    )
-                )
-                .order_by(_T.c.start.desc())
-                .limit(1)
-            ).first()
-            last = unpack_raw(prev.data) if prev is not None else None
-            ups = [rollup(b, 60.0, _energy_before(last, b, hour - 300.0)) for b in blocks if b.n]
-            conn.execute(insert(_T), [_rollup_row(node, r, MINUTE, hour, HOUR_S) for r in ups])
-
-    def _rollup_days(self, now: float) -> None:
-        """Hour rollups of each closed day from its minute rollups (redone when late
-        samples changed the day's minutes)."""
-        closed = math.floor((now - HOUR_S - 2 * self.flush_s) / DAY_S) * DAY_S
-        since = closed - 2 * DAY_S
-        with self.engine.connect() as conn:
-            minutes = conn.execute(
-                select(_T.c.node, _T.c.start, _T.c.samples).where(
-                    and_(_T.c.level == MINUTE, _T.c.start >= since, _T.c.start < closed)
-                )
-            ).all()
-            hours = {
-                (r.node, r.start): r.samples
-                for r in conn.execute(
-                    select(_T.c.node, _T.c.start, _T.c.samples).where(
-                        and_(_T.c.level == HOUR, _T.c.start >= since)
-                    )
-                )
-            }
-        total: dict[tuple[str, float], int] = {}
-        for r in minutes:
-            key = (r.node, math.floor(r.start / DAY_S) * DAY_S)
-            total[key] = total.get(key, 0) + r.samples
-        for (node, day), n in total.items():
-            if hours.get((node, day)) != n:
-                self._rollup_day(node, day)
-
-    def _rollup_day(self, node: str, day: float) -> None:
-        with self.engine.begin() as conn:
-            rows = conn.execute(
-                select(_T.c.data).where(
-                    and_(
-                        _T.c.level == MINUTE,
-                        _T.c.node == node,
-                        _T.c.start >= day,
-                        _T.c.start < day + DAY_S,
-                    )
-                )
-            ).all()
-            conn.execute(
-                delete(_T).where(and_(_T.c.level == HOUR, _T.c.node == node, _T.c.start == day))
-            )
-            by_shape: dict[tuple[int, ...], list[RollupBlock]] = {}
-            for r in rows:
-                m = unpack_rollup(r.data)
-                by_shape.setdefault(tuple(m.gpus.tolist()), []).append(m)
-            out = []
-            for parts in by_shape.values():
-                merged = _merge_rollups(parts)
-                out.append(_rollup_row(node, rollup_of_rollup(merged, HOUR_S), HOUR, day, DAY_S))
-            if out:
-                conn.execute(insert(_T), out)
-
-    def _expire(self, now: float) -> None:
-        r = self.retention
-        with self.engine.begin() as conn:
-            for level, keep in ((RAW, r.raw_s), (MINUTE, r.minute_s), (HOUR, r.hour_s)):
-                conn.execute(delete(_T).where(and_(_T.c.level == level, _T.c.end < now - keep)))
-            conn.execute(delete(db.job_progress).where(db.job_progress.c.time < now - r.minute_s))
-            conn.execute(delete(db.job_nodes).where(db.job_nodes.c.last < now - r.hour_s))
-
-    def _summarise(self, now: float) -> None:
-        """The final summary of each job with telemetry that ended `settle_s` ago."""
-        jn, jobs, js = db.job_nodes, db.jobs, db.job_stats
-        with self.engine.connect() as conn:
-            ids = [
-                row.job_id
-                for row in conn.execute(
-                    select(jn.c.job_id)
-                    .distinct()
-                    .join(jobs, jobs.c.id == jn.c.job_id)
-                    .outerjoin(js, js.c.job_id == jn.c.job_id)
-                    .where(
-                        and_(
-                            js.c.job_id.is_(None),
-                            jobs.c.end_time.is_not(None),
-                            jobs.c.end_time <= now - self.settle_s,
-                            jobs.c.state.in_(sorted(TERMINAL_JOB_STATES)),
-                        )
-                    )
-                    .limit(500)
-                )
-            ]
-        for job_id in ids:
-            facts = self.facts(job_id, now)
-            if facts is None:
-                continue
-            stats = self.stats(facts)
-            summary = stats.model_copy(update={"per_gpu": [], "util_series": []})
-            with self.engine.begin() as conn:
-                conn.execute(
-                    insert(js),
-                    [{"job_id": job_id, "time": now, "summary_json": summary.model_dump_json()}],
-                )
-            self.counters.summaries += 1
+        of jobs that ended (head/tsmaint.py)."""
+        if self.leader():
+            tsmaint.maintain(self, now)
 
     # ------------------------------------------------------------------ reads
     def facts(self, job_id: int, now: float) -> JobFacts | None:
+        j = db.jobs
         with self.engine.connect() as conn:
             row = conn.execute(
-                select(db.jobs.c.state, db.jobs.c.start_time, db.jobs.c.end_time).where(
-                    db.jobs.c.id == job_id
+                select(j.c.state, j.c.start_time, j.c.end_time, j.c.spec_json).where(
+                    j.c.id == job_id
                 )
             ).first()
         if row is None:
             return None
         ended = row.state in TERMINAL_JOB_STATES and row.end_time is not None
         final = ended and now >= row.end_time + self.settle_s
-        return JobFacts(job_id, row.state, final, row.start_time, row.end_time, now)
+        request = None
+        try:
+            spec = json.loads(row.spec_json)
+            if isinstance(spec.get("mem_mb"), int):
+                request = spec["mem_mb"] * max(1, int(spec.get("nodes") or 1))
+        except (ValueError, TypeError, AttributeError):
+            pass
+        return JobFacts(job_id, row.state, final, row.start_time, row.end_time, now, request)
 
     def stats(self, facts: JobFacts) -> JobStats:
         """The job's stats from its samples (no series)."""
@@ -631,7 +506,7 @@ class TelemetryStore:
                 )
             ).all()
         blocks = [unpack_raw(r.data) for r in rows] + buffered
-        return [_dedupe(b.window(t0, t1)) for b in concat(blocks) if b.n]
+        return [dedupe(b.window(t0, t1)) for b in concat(blocks) if b.n]
 
     def rollups(self, node: str, level: int, t0: float, t1: float) -> list[RollupBlock]:
         """Stored rollup blocks (level MINUTE or HOUR) overlapping [t0, t1)."""
@@ -730,100 +605,5 @@ class TelemetryStore:
         return {int(r[0]): (int(r[1]), int(r[2] or 0)) for r in rows}
 
 
-def _energy_before(last: RawBlock | None, b: RawBlock, since: float) -> Any:
-    """Each GPU's energy counter at the previous hour's last sample, when that block has
-    the same GPUs and ends just before `b` (within 5 minutes of the hour); else None."""
-    if last is None or not last.n or not np.array_equal(last.gpus, b.gpus):
-        return None
-    if float(last.times[-1]) < since:
-        return None
-    return last.energy[:, -1]
-
-
 def _f(x: float) -> float | None:
     return None if x != x else x
-
-
-def _raw_row(node: str, b: RawBlock) -> dict[str, object]:
-    return {
-        "node": node,
-        "level": RAW,
-        "start": float(b.times[0]),
-        "end": float(b.times[-1]),
-        "samples": b.n,
-        "data": pack_raw(b),
-    }
-
-
-def _rollup_row(
-    node: str, r: RollupBlock, level: int, start: float, span: float
-) -> dict[str, object]:
-    return {
-        "node": node,
-        "level": level,
-        "start": start,
-        "end": start + span,
-        "samples": int(r.samples.sum()),
-        "data": pack_rollup(r),
-    }
-
-
-def _split_hours(b: RawBlock) -> list[RawBlock]:
-    """The block cut at hour boundaries: a raw chunk never spans two hours."""
-    if not b.n:
-        return []
-    first = math.floor(float(b.times[0]) / HOUR_S)
-    last = math.floor(float(b.times[-1]) / HOUR_S)
-    if first == last:
-        return [b]
-    return [
-        part for h in range(first, last + 1) if (part := b.window(h * HOUR_S, (h + 1) * HOUR_S)).n
-    ]
-
-
-def _dedupe(b: RawBlock) -> RawBlock:
-    """Samples at distinct times only (a reader may see a block both buffered and stored)."""
-    if b.n < 2 or bool(np.all(np.diff(b.times) > 0)):
-        return b
-    _, keep = np.unique(b.times, return_index=True)
-    sel = np.zeros(b.n, dtype=bool)
-    sel[keep] = True
-    seen: set[tuple[float, int]] = set()
-    u_sel = np.zeros(b.u_time.shape[0], dtype=bool)
-    for i, key in enumerate(zip(b.u_time.tolist(), b.u_job.tolist(), strict=True)):
-        if key not in seen:
-            seen.add(key)
-            u_sel[i] = True
-    return RawBlock(
-        b.times[sel],
-        b.gpus,
-        b.util[:, sel],
-        b.memory[:, sel],
-        b.power[:, sel],
-        b.temperature[:, sel],
-        b.energy[:, sel],
-        b.job[:, sel],
-        b.epoch[:, sel],
-        b.u_job[u_sel],
-        b.u_epoch[u_sel],
-        b.u_time[u_sel],
-        b.u_cores[u_sel],
-        b.u_cpus[u_sel],
-        b.u_memory[u_sel],
-    )
-
-
-def _merge_rollups(parts: list[RollupBlock]) -> RollupBlock:
-    parts = sorted(parts, key=lambda r: float(r.starts[0]) if r.starts.size else 0.0)
-    first = parts[0]
-    return RollupBlock(
-        first.bucket_s,
-        np.concatenate([p.starts for p in parts]),
-        first.gpus,
-        np.concatenate([p.mean_util for p in parts], axis=1),
-        np.concatenate([p.max_util for p in parts], axis=1),
-        np.concatenate([p.max_memory for p in parts], axis=1),
-        np.concatenate([p.energy for p in parts], axis=1),
-        np.concatenate([p.job for p in parts], axis=1),
-        np.concatenate([p.samples for p in parts], axis=1),
-    )

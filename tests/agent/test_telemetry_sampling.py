@@ -119,3 +119,21 @@ def test_interval_bounds() -> None:
     for bad in (0.0, -1.0, 1e9):
         with pytest.raises(ValueError, match="--telemetry-interval"):
             check_interval(bad)
+
+
+def test_the_agent_refuses_intervals_out_of_bounds(tmp_path: Path) -> None:
+    from phalanx.agent.main import AgentConfig, AgentError, run_agent
+
+    for field, flag in (("telemetry_interval_s", "--telemetry-interval"),
+                        ("telemetry_ship_s", "--telemetry-ship")):  # fmt: skip
+        cfg = AgentConfig(
+            head_url="http://127.0.0.1:9",
+            token="x",
+            address="127.0.0.2",
+            name="127.0.0.2",
+            state_dir=tmp_path / "agent",
+            fake_gpus=1,
+            **{field: 0.0},  # type: ignore[arg-type]  # one float field, named above
+        )
+        with pytest.raises(AgentError, match=flag):
+            run_agent(cfg)

@@ -113,3 +113,14 @@ def test_agent_refuses_bad_health_check_settings(tmp_path: Path) -> None:
         2,
         "error: --health-interval must be > 0 seconds, got 0",
     )
+
+
+def test_agent_refuses_bad_telemetry_intervals(tmp_path: Path) -> None:
+    token_file = tmp_path / "join.token"
+    token_file.write_text("x\n")
+    base = ["agent", "--head", "http://127.0.0.1:9", "--address", "127.0.0.2"]
+    base += ["--token-file", str(token_file), "--fake-gpus", "1"]
+    for flag, value in (("--telemetry-interval", "0"), ("--telemetry-ship", "99999")):
+        result = invoke(*base, flag, value)
+        assert result.exit_code == 2, result.stderr
+        assert flag in result.stderr and "Traceback" not in result.stderr

@@ -5,6 +5,8 @@ drive them, ship batches to the head, the head stores them, and a job's stats (A
 from __future__ import annotations
 
 import json
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,11 +110,16 @@ def test_declared_utilisation_gives_exact_stats_live_then_final(
             row = conn.execute(
                 select(db.job_stats.c.summary_json).where(db.job_stats.c.job_id == job_id)
             ).one()
-            chunks = conn.execute(select(func.count()).select_from(db.telemetry_chunks)).scalar()
         summary = json.loads(row.summary_json)
         assert summary["gpus_idle"] == 2 and summary["per_gpu"] == []
         assert len(row.summary_json) < 1500
-        assert chunks is not None and chunks >= 1  # samples reach the store as chunks
+
+        def chunks() -> int | None:  # the store flushes every 30 s
+            with engine.connect() as conn:
+                n = conn.execute(select(func.count()).select_from(db.telemetry_chunks)).scalar()
+            return n if n else None
+
+        wait_for("samples stored as chunks", chunks, timeout=45)
     finally:
         engine.dispose()
     # `phalanx jobstats` shows it, and its --json is the same object
@@ -143,6 +150,55 @@ def test_a_job_drives_its_utilisation_at_run_time(
     assert values.count(20.0) >= 3 and values.count(60.0) >= 3
 
 
+def test_a_jobs_cpu_and_memory_use(
+    tele: tuple[LocalCluster, str], api: PhalanxClient, tmp_path: Path
+) -> None:
+    burn = "import time\nt = time.time()\nb = bytearray(64 << 20)\nwhile time.time() - t < 6: pass"
+    spec = job(
+        tmp_path,
+        ["python3", "-c", burn],
+        launcher="node",
+        cpus_per_task=1,
+        env={"PHALANX_FAKE_GPU_UTIL": "20"},
+    )
+    job_id = api.submit(spec).job_ids[0]
+    wait_state(api, job_id, "CD", timeout=60)
+    done = wait_for("final stats", lambda: s if (s := api.job_stats(job_id)).final else None, 30)
+    # One busy loop: most of a core (a shared machine takes some), 64 MiB and more held.
+    assert done.cpu_cores_mean is not None and 0.3 < done.cpu_cores_mean <= 1.1
+    assert done.cpus is not None and done.cpus >= 1
+    assert done.memory_peak_mb is not None and done.memory_peak_mb >= 64
+    assert done.per_gpu[0].mean_util_pct == 20.0
+
+
+REPORTS = """\
+import time
+from phalanx.train.report import Progress, Reporter
+r = Reporter(rank=0, local_rank=0, printer=lambda line: None)
+for i in range(14):  # a report every 0.5 s, as phalanx.train posts them
+    r.report(Progress(0, i, 2.0, 1000.0 * (i + 1), 0.30 + i / 100, time.time()))
+    time.sleep(0.5)
+r.close()
+"""
+
+
+def test_mfu_and_tokens_per_s_over_time(
+    tele: tuple[LocalCluster, str], api: PhalanxClient, tmp_path: Path
+) -> None:
+    spec = job(tmp_path, [sys.executable, "-c", REPORTS], launcher="node")
+    job_id = api.submit(spec).job_ids[0]
+    wait_state(api, job_id, "CD", timeout=60)
+    done = wait_for("final stats", lambda: s if (s := api.job_stats(job_id)).final else None, 30)
+    # The head keeps one report per job every 5 s: steps 0, ~10 (7 s of reports).
+    mfu = [p.value or 0.0 for p in done.mfu_series]
+    tps = [p.value or 0.0 for p in done.tokens_per_s_series]
+    assert 2 <= len(mfu) <= 3 and mfu[0] == 0.30 and mfu == sorted(mfu)
+    # Each kept report whole: its MFU and tokens/s are the same step's.
+    assert all(round(v * 100) - 30 == t / 1000 - 1 for v, t in zip(mfu, tps, strict=True))
+    assert done.mfu_mean == round(sum(mfu) / len(mfu), 6)
+    assert [p.time for p in done.mfu_series] == sorted(p.time for p in done.mfu_series)
+
+
 def test_stats_of_a_job_nobody_may_see_or_that_does_not_exist(
     tele: tuple[LocalCluster, str], api: PhalanxClient
 ) -> None:
@@ -152,3 +208,24 @@ def test_stats_of_a_job_nobody_may_see_or_that_does_not_exist(
     assert missing.value.status == 404
     shown = invoke("jobstats", "nope", env=cluster.client_env())
     assert shown.exit_code == 2 and "Traceback" not in shown.stderr + shown.stdout
+
+
+def test_stats_survive_a_head_restart(
+    tele: tuple[LocalCluster, str], api: PhalanxClient, tmp_path: Path
+) -> None:
+    """Runs last in this module: it restarts the head. A head stopped with SIGTERM writes
+    what it buffered; the kept summary and the samples come back with it."""
+    cluster, _ = tele
+    env = {"PHALANX_FAKE_GPU_UTIL": "60,0"}
+    spec = job(tmp_path, sh("sleep 4"), gpus_per_node=2, launcher="node", env=env)
+    job_id = api.submit(spec).job_ids[0]
+    wait_state(api, job_id, "CD", timeout=60)
+    done = wait_for("final stats", lambda: s if (s := api.job_stats(job_id)).final else None, 30)
+    cluster.kill_head(signal.SIGTERM)  # returns once it exited
+    cluster.restart_head()
+    with cluster.client() as again:
+        after = again.job_stats(job_id)
+    assert after.final and after.notes == done.notes
+    assert after.per_gpu == done.per_gpu  # the samples were flushed before it stopped
+    assert [g.mean_util_pct for g in after.per_gpu] == [60.0, 0.0]
+    assert after.util_series == done.util_series

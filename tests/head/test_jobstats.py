@@ -79,3 +79,14 @@ def test_progress_history() -> None:
     mfu, tps = progress_series(rows)
     assert [p.value for p in mfu] == mfus
     assert [p.value for p in tps] == [1000.0, 2000.0, 3000.0]
+
+
+def test_memory_far_below_the_request() -> None:
+    facts = JobFacts(JOB, "R", False, 900.0, None, 1100.0, memory_request_mb=64 * 1024)
+    busy = _block([[90.0] * 10], [JOB], 1.0, 8)  # 2048 MiB of CPU memory at most
+    busy.memory[:] = 60_000.0
+    s = compute(facts, {"n1": [busy]}, {("n1", 0): H100}, [])
+    assert s.memory_request_mb == 64 * 1024
+    assert s.notes == [
+        "memory far below the request: peak 2.0 GiB of 64.0 GiB asked for (--mem); ask for less"
+    ]

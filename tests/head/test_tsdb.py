@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from sqlalchemy import Engine, select
 
-from phalanx.api.models import GpuTelemetry
+from phalanx.api.models import GpuTelemetry, JobProgress
 from phalanx.api.telemetry import TelemetryBatch
 from phalanx.head import db
 from phalanx.head.migrate import upgrade
@@ -210,3 +210,36 @@ def test_ingest_queue_is_bounded(engine: Engine) -> None:
         store.submit(b)
     assert store.counters.refused_busy == 1
     assert store.drain() == 2
+
+
+def test_progress_history_keeps_rank_0_every_few_seconds(engine: Engine) -> None:
+    clock = FakeClock(T0)
+    store = TelemetryStore(engine, clock.time, GpuSamples(), progress_every_s=5.0)
+    for i in range(12):  # a report a second from ranks 0 and 1
+        for rank in (0, 1):
+            report = JobProgress(rank=rank, step=i, loss=1.0, mfu=0.4 + i / 100, time=T0 + i)
+            store.progress(JOB, report)
+        clock.advance(1.0)
+    store.drain()
+    buffered = [(r.step, r.time) for r in store.progress_rows(JOB)]
+    assert buffered == [(0, T0), (5, T0 + 5), (10, T0 + 10)]
+    store.flush()
+    assert [(r.step, r.mfu) for r in store.progress_rows(JOB)] == [(0, 0.4), (5, 0.45), (10, 0.5)]
+    assert store.progress_rows(JOB + 1) == []
+
+
+def test_heartbeat_readings_update_the_latest_view_but_not_the_stream() -> None:
+    stream = Stream()
+    now = [GpuTelemetry(index=0, utilization_pct=50.0)]
+    stream.observe("n1", now, 100.0)  # a heartbeat's reading
+    assert stream.seen == []
+    latest = stream.latest("n1")
+    assert latest is not None and latest.time == 100.0
+    # A batch's older samples reach the stream but do not roll the latest view back.
+    stream.record("n1", [GpuTelemetry(index=0, utilization_pct=10.0)], 90.0)
+    assert [t for _, t, _ in stream.seen] == [90.0]
+    latest = stream.latest("n1")
+    assert latest is not None and latest.gpus[0].utilization_pct == 50.0
+    stream.record("n1", [GpuTelemetry(index=0, utilization_pct=20.0)], 110.0)
+    latest = stream.latest("n1")
+    assert latest is not None and latest.gpus[0].utilization_pct == 20.0
