@@ -212,7 +212,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rest = 30.0 - (time.monotonic() - wall0)
             steal = steal_pct(max(1.0, rest))
             wall = time.monotonic() - wall0
-            ingest_cpu = thread_cpu_s("telemetry") - cpu0 + feeder.parse_s - parse0
+            store_cpu = thread_cpu_s("telemetry") - cpu0
+            parse_cpu = feeder.parse_s - parse0
+            ingest_cpu = store_cpu + parse_cpu
         finally:
             feeder.stop.set()
             feeder.thread.join(timeout=30)
@@ -240,6 +242,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "batches": feeder.batches,
             "gpu_samples_per_s": samples_per_s,
             "ingest_cpu_pct_of_one_core": round(ingest_pct, 2),
+            "of_which_json_parsing_pct": round(100.0 * parse_cpu / wall, 2),
+            "of_which_store_thread_pct": round(100.0 * store_cpu / wall, 2),
             "host_steal_pct": steal,
         },
         "with_telemetry": flowing,
