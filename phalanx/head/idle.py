@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from phalanx.api.models import GpuTelemetry
 from phalanx.core import JobState
 from phalanx.core.idle import DEFAULT_POLICY, IdleAction, IdlePolicy, Verdict, judge, split_days
 from phalanx.head import lifecycle
 from phalanx.head.mirror import Mirror, Tx
 from phalanx.head.records import JobRecord
+from phalanx.head.telemetry import GpuReading
 
 log = logging.getLogger("phalanx.head")
 
@@ -145,7 +145,7 @@ class IdleDetector:
             return self._alloc.get((node, index))
 
     # ------------------------------------------------------------------ samples
-    def on_sample(self, node: str, gpus: Sequence[GpuTelemetry], t: float) -> None:
+    def on_sample(self, node: str, gpus: Sequence[GpuReading], t: float) -> None:
         """One node's reading of its GPUs at `t` (GpuSamples calls it for every sample)."""
         flags: list[IdleFlag] = []
         busy: list[tuple[Alloc, GpuKey, float, float]] = []

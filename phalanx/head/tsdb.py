@@ -40,7 +40,7 @@ from sqlalchemy import (
     update,
 )
 
-from phalanx.api.models import GpuTelemetry, JobProgress
+from phalanx.api.models import JobProgress
 from phalanx.api.states import TERMINAL_JOB_STATES
 from phalanx.api.telemetry import GpuSeries, JobStats, Resolution, TelemetryBatch
 from phalanx.head import db, tsmaint
@@ -52,7 +52,7 @@ from phalanx.head.jobstats import (
     rollup_series,
 )
 from phalanx.head.mirror import Settings
-from phalanx.head.telemetry import GpuSamples
+from phalanx.head.telemetry import GpuSamples, Sample
 from phalanx.head.tsblocks import (
     RawBlock,
     RollupBlock,
@@ -295,14 +295,17 @@ class TelemetryStore:
         c.samples += block.n
         with self._lock:
             self._pending.setdefault(node, []).append(block)
-            jobs, epochs = block.job, block.epoch
-            for gi in range(g):
-                for job, epoch in set(zip(jobs[gi].tolist(), epochs[gi].tolist(), strict=True)):
-                    if job:
-                        sel = (jobs[gi] == job) & (epochs[gi] == epoch)
-                        t0, t1 = float(block.times[sel].min()), float(block.times[sel].max())
-                        span = self._job_nodes.setdefault((job, epoch, node), [t0, t1])
-                        span[0], span[1] = min(span[0], t0), max(span[1], t1)
+            jobs, epochs = block.job, block.epoch  # G×N each
+            held = {
+                (job, epoch)
+                for job, epoch in zip(jobs.ravel().tolist(), epochs.ravel().tolist(), strict=True)
+                if job
+            }
+            for job, epoch in held:  # usually one job per node: one pass over the block
+                when = block.times[((jobs == job) & (epochs == epoch)).any(axis=0)]
+                t0, t1 = float(when[0]), float(when[-1])  # times ascend
+                span = self._job_nodes.setdefault((job, epoch, node), [t0, t1])
+                span[0], span[1] = min(span[0], t0), max(span[1], t1)
         self._record_latest(node, block)
 
     def _record_latest(self, node: str, b: RawBlock) -> None:
@@ -315,18 +318,18 @@ class TelemetryStore:
         for k, t in enumerate(b.times.tolist()):
             u, m, c, p, e = (col[k] for col in cols)
             readings = [
-                GpuTelemetry.model_construct(
-                    index=gpu,
-                    utilization_pct=_f(u[i]),
-                    memory_used_mb=None if _f(m[i]) is None else int(m[i]),
-                    temperature_c=_f(c[i]),
-                    power_w=_f(p[i]),
-                    energy_j=_f(e[i]),
-                    job_id=jobs[k][i] or None,
+                Sample(
+                    gpu,
+                    _f(u[i]),
+                    None if _f(m[i]) is None else int(m[i]),
+                    _f(c[i]),
+                    _f(p[i]),
+                    _f(e[i]),
+                    jobs[k][i] or None,
                 )
                 for i, gpu in enumerate(gpus)
             ]
-            self.samples.record(node, readings, t)
+            self.samples.stream(node, readings, t)
 
     # ------------------------------------------------------------------ writes
     def flush(self) -> int:

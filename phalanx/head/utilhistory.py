@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from phalanx.api.models import GpuTelemetry
+from phalanx.head.telemetry import GpuReading
 
 MINUTE_S = 60.0
 
@@ -29,7 +29,7 @@ class UtilHistory:
         self._lock = threading.Lock()
         self._minutes: dict[int, list[float]] = {}
 
-    def add(self, node: str, gpus: Sequence[GpuTelemetry], t: float) -> None:
+    def add(self, node: str, gpus: Sequence[GpuReading], t: float) -> None:
         minute = int(t // MINUTE_S)
         held = self._allocated(node)
         total = count = total_held = count_held = 0.0

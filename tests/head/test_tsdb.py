@@ -4,7 +4,7 @@ to GpuSamples in time order, and series at each resolution."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ from phalanx.api.models import GpuTelemetry, JobProgress
 from phalanx.api.telemetry import TelemetryBatch
 from phalanx.head import db
 from phalanx.head.migrate import upgrade
-from phalanx.head.telemetry import GpuSamples
+from phalanx.head.telemetry import GpuReading, GpuSamples
 from phalanx.head.tsblocks import unpack_raw, unpack_rollup
 from phalanx.head.tsdb import HOUR, MINUTE, RAW, Retention, TelemetryStore
 from phalanx.testing.clock import FakeClock
@@ -59,11 +59,11 @@ class Stream(GpuSamples):
 
     def __init__(self) -> None:
         super().__init__()
-        self.seen: list[tuple[str, float, list[GpuTelemetry]]] = []
+        self.seen: list[tuple[str, float, Sequence[GpuReading]]] = []
 
-    def record(self, node: str, gpus: list[GpuTelemetry], now: float) -> None:
+    def stream(self, node: str, gpus: Sequence[GpuReading], now: float) -> None:
         self.seen.append((node, now, gpus))
-        super().record(node, gpus, now)
+        super().stream(node, gpus, now)
 
 
 def _batch(node: str, times: list[float], util0: float, energy0: list[float]) -> TelemetryBatch:
