@@ -42,6 +42,7 @@ import httpx
 import sqlalchemy as sa
 import uvicorn
 
+from phalanx.api.models import GpuTelemetry
 from phalanx.api.telemetry import TelemetryBatch
 from phalanx.head.app import create_app
 from phalanx.head.mirror import Settings
@@ -93,6 +94,7 @@ class Feeder:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
+        latest: dict[str, list[GpuTelemetry]] = {}
         while not self.stop.is_set():
             began = time.time()
             for body in bodies(self.head, began):
@@ -101,6 +103,22 @@ class Feeder:
                 self.parse_s += time.thread_time() - t0
                 self.head.tsdb.submit(batch)
                 self.batches += 1
+                # What each node's heartbeat carries besides (its latest reading, which the
+                # pages and scrapes show): not part of the ingest's cost.
+                gpus = latest.get(batch.node)
+                if gpus is None:
+                    gpus = latest[batch.node] = [
+                        GpuTelemetry(
+                            index=g,
+                            utilization_pct=batch.utilization_pct[k],
+                            memory_used_mb=batch.memory_used_mb[k],
+                            temperature_c=batch.temperature_c[k],
+                            power_w=batch.power_w[k],
+                            energy_j=batch.energy_j[k],
+                        )
+                        for k, g in enumerate(batch.gpus)
+                    ]
+                self.head.samples.observe(batch.node, gpus, began)
             self.stop.wait(max(0.0, 10.0 - (time.time() - began)))
 
 
