@@ -43,6 +43,7 @@ from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
 from phalanx.head.notify import Notifier
+from phalanx.head.plainasgi import read_body
 from phalanx.head.service import Head
 
 log = logging.getLogger("phalanx.head")
@@ -205,7 +206,7 @@ async def submit_answer(
     key = _check_idempotency_key(key)
     if _declared_too_large(length):
         raise HeadError(413, TOO_LARGE)
-    raw = await _read_body(receive)
+    raw = await read_body(receive)
     limit = head.mirror.settings.max_spec_bytes
     if limit and len(raw) > limit:
         raise HeadError(
@@ -235,23 +236,6 @@ def _check_idempotency_key(key: str | None) -> str | None:
         f"{IDEMPOTENCY_HEADER} must be 1 to 128 characters from A-Z a-z 0-9 _ . : - "
         f"(got {key[:40]!r}{'…' if len(key) > 40 else ''})",
     )
-
-
-async def _read_body(receive: Receive) -> bytes:
-    """A request's whole body; 413 once it grows past MAX_BODY_BYTES."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise HeadError(400, "the client went away before sending the whole body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise HeadError(413, TOO_LARGE)
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def error_answer(e: BaseException) -> tuple[int, str, dict[str, str]] | None:

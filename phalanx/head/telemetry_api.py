@@ -28,6 +28,7 @@ from phalanx.api.asgi import (
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.jobstats import progress_series
+from phalanx.head.plainasgi import read_body
 from phalanx.head.service import Head
 from phalanx.head.tsdb import Overloaded
 
@@ -108,28 +109,12 @@ async def _answer(head: Head, scope: Scope, receive: Receive) -> bytes:
         raise Forbidden("telemetry needs a node credential")
     if declared_too_large(length, MAX_BODY_BYTES):
         raise HeadError(413, too_large_detail(MAX_BODY_BYTES))
-    raw = await _read_body(receive)
+    raw = await read_body(receive)
     try:
         batch = t.TelemetryBatch.model_validate_json(raw)
     except ValidationError as e:
         raise HeadError(422, m.validation_detail(e.errors())) from None
     return _accept(head, who, batch).model_dump_json().encode()
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise HeadError(400, "the client went away before sending the whole body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise HeadError(413, too_large_detail(MAX_BODY_BYTES))
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def _accept(head: Head, who: Principal, batch: t.TelemetryBatch) -> t.TelemetryAck:
