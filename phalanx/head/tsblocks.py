@@ -59,8 +59,12 @@ class RawBlock:
 
     def window(self, t0: float, t1: float) -> RawBlock:
         """The samples with t0 ≤ time < t1 (and the usage readings likewise)."""
-        s = (self.times >= t0) & (self.times < t1)
-        u = (self.u_time >= t0) & (self.u_time < t1)
+        return self.select(
+            (self.times >= t0) & (self.times < t1), (self.u_time >= t0) & (self.u_time < t1)
+        )
+
+    def select(self, s: npt.NDArray[np.bool_], u: npt.NDArray[np.bool_]) -> RawBlock:
+        """The samples where `s` holds and the usage readings where `u` does."""
         return RawBlock(
             self.times[s],
             self.gpus,
@@ -240,23 +244,7 @@ def dedupe(b: RawBlock) -> RawBlock:
         if key not in seen:
             seen.add(key)
             u_sel[i] = True
-    return RawBlock(
-        b.times[sel],
-        b.gpus,
-        b.util[:, sel],
-        b.memory[:, sel],
-        b.power[:, sel],
-        b.temperature[:, sel],
-        b.energy[:, sel],
-        b.job[:, sel],
-        b.epoch[:, sel],
-        b.u_job[u_sel],
-        b.u_epoch[u_sel],
-        b.u_time[u_sel],
-        b.u_cores[u_sel],
-        b.u_cpus[u_sel],
-        b.u_memory[u_sel],
-    )
+    return b.select(sel, u_sel)
 
 
 # ----------------------------------------------------------------------------- codec
