@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
 
 from phalanx.head.dashboard import cluster, listings, live
@@ -142,41 +143,25 @@ def nodes_live(
 
 
 # ----------------------------------------------------------------------- jobs
-def _jobs(
-    head: Head,
-    seen: Viewer,
-    scope: str,
-    state: str,
-    user: str,
-    team: str,
-    name: str,
-    page_no: int,
-    before: int | None,
-    per: int,
-) -> str:
-    found = listings.job_page(
-        head,
-        seen.who,
-        scope,
-        _states(state),
-        user or None,
-        team or None,
-        name or None,
-        page_no,
-        before,
-        per,
-    )
-    query = {"scope": scope, "state": state, "user": user, "team": team, "name": name, "per": per}
-    return render("_jobs.html", p=found, query=query)
-
-
 JobScope = Literal["active", "ended"]
 
 
-@router.get("/ui/jobs", response_class=HTMLResponse)
-def jobs(
-    request: Request,
-    seen: Seen,
+@dataclass(frozen=True)
+class JobsQuery:
+    """The jobs page's filters and page, as its URL gives them (the page and its live
+    stream take the same)."""
+
+    scope: str
+    state: str
+    user: str
+    team: str
+    name: str
+    page_no: int
+    before: int | None
+    per: int
+
+
+def jobs_query(
     scope: JobScope = "active",
     state: States = "",
     user: Filter = "",
@@ -185,45 +170,61 @@ def jobs(
     page_no: Annotated[int, Query(alias="page", ge=1, le=1_000_000)] = 1,
     before: Before = None,
     per: Annotated[int, Query(ge=1, le=200)] = 50,
-) -> HTMLResponse:
+) -> JobsQuery:
+    return JobsQuery(scope, state, user, team, name, page_no, before, per)
+
+
+Jobs = Annotated[JobsQuery, Depends(jobs_query)]
+
+
+def _jobs(head: Head, seen: Viewer, q: JobsQuery) -> str:
+    found = listings.job_page(
+        head,
+        seen.who,
+        q.scope,
+        _states(q.state),
+        q.user or None,
+        q.team or None,
+        q.name or None,
+        q.page_no,
+        q.before,
+        q.per,
+    )
+    query = {
+        "scope": q.scope,
+        "state": q.state,
+        "user": q.user,
+        "team": q.team,
+        "name": q.name,
+        "per": q.per,
+    }
+    return render("_jobs.html", p=found, query=query)
+
+
+@router.get("/ui/jobs", response_class=HTMLResponse)
+def jobs(request: Request, seen: Seen, q: Jobs) -> HTMLResponse:
     head = head_of(request)
-    body = _jobs(head, seen, scope, state, user, team, name, page_no, before, per)
     return page(
         "jobs.html",
         request=request,
         **base(request, seen, "jobs"),
-        body=body,
+        body=_jobs(head, seen, q),
         live=f"/ui/live/jobs?{request.url.query}",
-        scope=scope,
-        state=state,
-        user=user,
-        team=team,
-        name=name,
+        scope=q.scope,
+        state=q.state,
+        user=q.user,
+        team=q.team,
+        name=q.name,
         states=JOB_STATES,
-        per=per,
+        per=q.per,
     )
 
 
 @router.get("/ui/live/jobs")
-def jobs_live(
-    request: Request,
-    seen: Seen,
-    scope: JobScope = "active",
-    state: States = "",
-    user: Filter = "",
-    team: Filter = "",
-    name: Text = "",
-    page_no: Annotated[int, Query(alias="page", ge=1, le=1_000_000)] = 1,
-    before: Before = None,
-    per: Annotated[int, Query(ge=1, le=200)] = 50,
-) -> StreamingResponse:
+def jobs_live(request: Request, seen: Seen, q: Jobs) -> StreamingResponse:
     head = head_of(request)
-    _states(state)  # 422 before the stream starts
-
-    def build() -> str:
-        return _jobs(head, seen, scope, state, user, team, name, page_no, before, per)
-
-    return stream(request, "fragment", build)
+    _states(q.state)  # 422 before the stream starts
+    return stream(request, "fragment", lambda: _jobs(head, seen, q))
 
 
 # ----------------------------------------------------------------------- queue
