@@ -34,7 +34,10 @@ from phalanx.slurmcli.submitting import (
 SLURM_VERSION = "22.05"  # the Slurm whose commands and formats these follow
 # sbatch options honoured here rather than in the JobSpec.
 HANDLED = frozenset(
-    {"parsable", "wrap", "hold", "wait", "test-only", "quiet", "verbose", "help", "usage", "version"}
+    {
+        "parsable", "wrap", "hold", "wait", "test-only", "quiet", "verbose", "help", "usage",
+        "version",
+    }
 )  # fmt: skip
 # Slurm options that change nothing about what runs or where: taken silently (submitit
 # passes --wckey and --open-mode on every job). Others Phalanx lacks get a warning.
