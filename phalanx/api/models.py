@@ -571,6 +571,11 @@ class Assignment(Lenient):
     gid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
     # --mem: the job's memory limit on this node (its cgroup)
     mem_mb: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
+    # An array task's SLURM_ARRAY_TASK_COUNT/_MIN/_MAX/_STEP (None: not an array task).
+    array_task_count: Annotated[int, Field(ge=1, le=MAX_ARRAY_TASKS)] | None = None
+    array_task_min: Annotated[int, Field(ge=0, le=4_000_000)] | None = None
+    array_task_max: Annotated[int, Field(ge=0, le=4_000_000)] | None = None
+    array_task_step: Annotated[int, Field(ge=1, le=4_000_000)] | None = None
 
 
 MAX_PEERS = 16  # peers per node in a desired state (the head sends at most 8)
