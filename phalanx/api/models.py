@@ -209,6 +209,7 @@ class JobSpec(Wire):
     # covers every end, failures included).
     notify_url: NotifyUrl | None = None
     notify_on: list[NotifyEvent] | None = Field(default=None, max_length=4)
+    hold: bool = False  # `sbatch -H/--hold`: submitted held (JobHeldUser) until released
 
     @model_validator(mode="after")
     def _notify_needs_url(self) -> JobSpec:
