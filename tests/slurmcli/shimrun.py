@@ -1,7 +1,8 @@
 """Fixtures for the submit-side Slurm commands: one local cluster per test module (head + 2
 agents × 2 fake GPUs, real HTTP and SQLite), the commands written by `phalanx slurm-shims`
 into a folder, and `slurm(...)` running them as a user would: real processes, that folder
-first on PATH, the test's own working directory. Test modules import the fixtures."""
+first on PATH, the test's own working directory. Test modules import the fixtures
+(`*_fixture`; each registered under its short name)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,9 @@ class Slurm:
     def job(self, ref: int | str) -> JobInfo:
         return self.client.job(ref).job
 
-    def wait(self, ref: int | str, states: tuple[str, ...] = TERMINAL, timeout: float = 60) -> JobInfo:
+    def wait(
+        self, ref: int | str, states: tuple[str, ...] = TERMINAL, timeout: float = 60
+    ) -> JobInfo:
         deadline = time.monotonic() + timeout
         while True:
             job = self.job(ref)
@@ -69,14 +72,14 @@ class Slurm:
             time.sleep(0.1)
 
 
-@pytest.fixture(scope="module")
-def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+@pytest.fixture(scope="module", name="slurm_cluster")
+def cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("slurm"), nodes=2, gpus_per_node=2) as running:
         yield running
 
 
-@pytest.fixture(scope="module")
-def shim_dir(slurm_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+@pytest.fixture(scope="module", name="shim_dir")
+def shim_dir_fixture(slurm_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The commands, written by the real installer (--force: this machine may have a real
     Slurm on PATH; the shims come first on the tests' PATH)."""
     target = tmp_path_factory.mktemp("shims") / "bin"
@@ -100,8 +103,8 @@ def clean_env() -> dict[str, str]:
     }
 
 
-@pytest.fixture
-def slurm(slurm_cluster: LocalCluster, shim_dir: Path, tmp_path: Path) -> Iterator[Slurm]:
+@pytest.fixture(name="slurm")
+def slurm_fixture(slurm_cluster: LocalCluster, shim_dir: Path, tmp_path: Path) -> Iterator[Slurm]:
     """Slurm's commands for one test; what it leaves queued or running is cancelled."""
     workdir = tmp_path.resolve() / "work"
     workdir.mkdir()

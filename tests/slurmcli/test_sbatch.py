@@ -13,13 +13,12 @@ from pathlib import Path
 
 from phalanx.cli.slurmshims import MARKER
 from phalanx.slurmcli import TOOLS
-from tests.slurmcli.shimrun import (  # noqa: F401 - fixtures
+from tests.slurmcli.shimrun import (  # noqa: F401 - the fixtures
     Slurm,
     clean_env,
-    eventually,
-    shim_dir,
-    slurm,
-    slurm_cluster,
+    cluster_fixture,
+    shim_dir_fixture,
+    slurm_fixture,
     write,
 )
 
