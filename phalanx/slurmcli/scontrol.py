@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from phalanx.api.models import JobInfo, JobList, JobSpec, JobUpdate, NodeInfo
+from phalanx.api.models import MAX_ARRAY_TASKS, JobInfo, JobList, JobSpec, JobUpdate, NodeInfo
 from phalanx.client.api import ApiError, PhalanxClient
 from phalanx.jobspec import JobSpecError, expand_pattern, hostlist, parse_time
 from phalanx.jobspec.jobflags import parse_dependency
@@ -505,7 +505,8 @@ def _config(client: PhalanxClient) -> str:
         ("ClusterName", "phalanx"),
         ("GresTypes", "gpu"),
         ("JobRequeue", "1"),
-        ("MaxArraySize", "4000001"),
+        # Indices up to MaxArraySize-1 and as many tasks: Phalanx's bound on the count.
+        ("MaxArraySize", str(MAX_ARRAY_TASKS + 1)),
         ("MinJobAge", f"{MIN_JOB_AGE_S} sec"),
         ("PreemptMode", "REQUEUE"),
         ("PreemptType", "preempt/phalanx"),

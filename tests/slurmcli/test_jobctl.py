@@ -74,18 +74,28 @@ def test_scancel_filters_and_signals(slurm: Slurm) -> None:
     assert slurm(f"scancel --name other {keep}").returncode == 0
     assert slurm.job(keep).state == "PD"
 
+    # As Slurm: -s reaches the steps (srun's tasks) and spares the batch shell (submitit's
+    # tests send SIGTERM so); -b reaches the batch shell only.
     write(
         slurm.workdir / "trap.sh",
-        "#!/bin/bash\ntrap 'echo got USR1; exit 0' USR1\necho ready\n"
-        "for i in $(seq 600); do sleep 0.1; done\n",
+        "#!/bin/bash\n"
+        "trap 'echo batch got USR1' USR1\n"
+        'srun sh -c \'trap "echo step got USR1; exit 0" USR1; echo ready; '
+        "for i in $(seq 600); do sleep 0.1; done'\n"
+        "echo step ended $?\n"
+        "trap 'echo batch got USR2; exit 0' USR2\n"
+        "echo waiting; for i in $(seq 600); do sleep 0.1; done\n",
     )
     running = _submit(slurm, "trap.sh")
     out = slurm.workdir / f"slurm-{running}.out"
     assert eventually(lambda: out.exists() and "ready" in out.read_text())
-    assert slurm(f"scancel --signal=USR1 {running}").returncode == 0
-    assert slurm.wait(running).state == "CD"  # the script caught it and exited 0
-    # Every process of the job gets it (Slurm without -b/-f spares the batch shell).
-    assert out.read_text().endswith("got USR1\n")
+    assert slurm(f"scancel {running} --signal USR1").returncode == 0
+    assert eventually(lambda: "waiting" in out.read_text())
+    assert slurm(f"scancel -b -s SIGUSR2 {running}").returncode == 0
+    assert slurm.wait(running).state == "CD"  # the batch shell caught it and exited 0
+    # (the shells may also report their `sleep` killed: "User defined signal N")
+    lines = [line for line in out.read_text().splitlines() if "defined signal" not in line]
+    assert lines == ["ready", "step got USR1", "step ended 0", "waiting", "batch got USR2"]
     pending = slurm(f"scancel -s USR1 {keep}")
     assert pending.returncode == 1 and "Job is pending execution" in pending.stderr
 
