@@ -206,3 +206,28 @@ def test_scontrol_nodes_partitions_config_and_hostlists(slurm: Slurm) -> None:
     assert slurm("scontrol show hostlist n1,n2,n3").stdout == "n[1-3]\n"
     from_env = slurm("scontrol show hostnames", env={"SLURM_JOB_NODELIST": "a[01-02]"})
     assert from_env.stdout == "a01\na02\n"
+
+
+PROBE = """\
+import os, ssl, sys, urllib.error, urllib.request
+url = os.environ["PHALANX_HEAD"].split(",")[0] + "/v1/jobs/%s/self/requeue" % sys.argv[1]
+request = urllib.request.Request(url, method="POST", headers={
+    "Authorization": "Bearer " + os.environ["PHALANX_STEP_TOKEN"]})
+context = ssl.create_default_context(cadata=os.environ.get("PHALANX_CA_PEM") or None)
+try:
+    print(urllib.request.urlopen(request, context=context).status)
+except urllib.error.HTTPError as exc:
+    print(exc.code)
+"""
+
+
+def test_a_jobs_own_credential_requeues_that_job_only(slurm: Slurm) -> None:
+    import sys
+
+    other = _submit(slurm, "--wrap='sleep 60'")
+    assert slurm.wait(other, ("R",)).state == "R"
+    write(slurm.workdir / "probe.py", PROBE)
+    prober = _submit(slurm, f"--wrap='{sys.executable} probe.py {other}'")
+    assert slurm.wait(prober).state == "CD"
+    assert (slurm.workdir / f"slurm-{prober}.out").read_text() == "401\n"
+    assert slurm.job(other).restart_count == 0 and slurm.job(other).state == "R"
