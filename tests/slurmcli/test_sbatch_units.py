@@ -7,7 +7,7 @@ import pytest
 
 from phalanx.api.models import GpuInfo, JobInfo, NodeInfo
 from phalanx.slurmcli.getopts import Opt, UsageError, parse
-from phalanx.slurmcli.scontrol import duration, gres, node_state, tres
+from phalanx.slurmcli.scontrol_show import duration, gres, node_state, tres
 from phalanx.slurmcli.submitting import ScriptError, exit_status, with_arguments
 
 OPTS = [Opt("signal", "s", True), Opt("batch", "b"), Opt("full", "f"), Opt("name", "n", True)]
