@@ -280,6 +280,13 @@ class JobInfo(Lenient):
     # typed job events). None: it never started.
     first_start_time: UnixTime | None = None
     run_time_s: Seconds | None = None  # time it held GPUs over all its runs, as of the answer
+    # What Slurm's squeue/sacct report beside (phalanx.slurmcli): the request's tasks, CPUs
+    # and memory, an array's `%N` throttle, and who cancelled it (sacct's `CANCELLED by`).
+    ntasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem_mb: int | None = None
+    array_max_parallel: int | None = None
+    cancelled_by: str | None = None
 
 
 class JobEvent(Lenient):
@@ -614,6 +621,7 @@ class WhoAmI(Lenient):
     role: Role
     teams: list[str]
     admin_of: list[str]
+    default_team: str | None = None  # where a submit without a team goes (sinfo's `*`)
 
 
 class UserCreate(Wire):
