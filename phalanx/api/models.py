@@ -276,10 +276,6 @@ class JobInfo(Lenient):
     workdir: str
     hold: Literal["user", "admin"] | None = None  # held (`phalanx hold`): who may release it
     begin_time: float | None = None  # `--begin`: not before this (unix seconds)
-    # A requeued job's start_time is its latest run's: these span every run (from the
-    # typed job events). None: it never started.
-    first_start_time: UnixTime | None = None
-    run_time_s: Seconds | None = None  # time it held GPUs over all its runs, as of the answer
     # What Slurm's squeue/sacct report beside (phalanx.slurmcli): the request's tasks, CPUs
     # and memory, an array's `%N` throttle, and who cancelled it (sacct's `CANCELLED by`).
     ntasks_per_node: int | None = None
@@ -287,6 +283,10 @@ class JobInfo(Lenient):
     mem_mb: int | None = None
     array_max_parallel: int | None = None
     cancelled_by: str | None = None
+    # A requeued job's start_time is its latest run's: these span every run (from the
+    # typed job events). None: it never started.
+    first_start_time: UnixTime | None = None
+    run_time_s: Seconds | None = None  # time it held GPUs over all its runs, as of the answer
 
 
 class JobEvent(Lenient):

@@ -102,6 +102,8 @@ def _squeue(argv: list[str]) -> int:
             print(f"squeue: error: {message}", file=sys.stderr)
     columns = _columns(now)
     out = [] if o.noheader else [render(specs, columns, None)]
+    if o.long and not o.noheader:  # squeue -l starts with the date, as print_date()
+        out.insert(0, time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now)))
     out.extend(render(specs, columns, job) for job in jobs)
     if out:
         sys.stdout.write("\n".join(out) + "\n")
