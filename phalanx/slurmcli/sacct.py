@@ -226,6 +226,7 @@ def _select(client: Any, o: _Options, now: float) -> list[Job]:
         ended=True,
         user=next(iter(o.users)) if len(o.users) == 1 else None,
         team=next(iter(o.partitions)) if len(o.partitions) == 1 else None,
+        states=o.states,
         since=start,
         ids=ids or None,
     )

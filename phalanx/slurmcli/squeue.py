@@ -223,6 +223,7 @@ def _select(client: Any, o: _Options, now: float) -> list[Job]:
         ended=wants_ended,
         user=next(iter(o.users)) if len(o.users) == 1 else None,
         team=next(iter(o.partitions)) if len(o.partitions) == 1 else None,
+        states=states,
         since=now - MIN_JOB_AGE_S if wants_ended else None,
         ids=o.ids or None,
     )
