@@ -463,3 +463,21 @@ def test_the_module_entry_point_runs_each_tool(as_admin: Scene) -> None:
             env=env, capture_output=True, text=True, timeout=60, check=False,
         )  # fmt: skip
         assert (r.returncode, r.stdout, r.stderr) == (0, first + "\n", ""), tool
+
+
+def test_the_calls_real_clients_make(as_admin: Scene, capsys: pytest.CaptureFixture[str]) -> None:
+    s = as_admin
+    # submitit's SlurmInfoWatcher: repeated -j, array ids; it reads `N_[a-b%p]` ranges too.
+    out = ok(
+        capsys, "sacct", "-o", "JobID,State,NodeList", "--parsable2",
+        "-j", str(s.failed), "-j", str(s.array[0]),
+    )  # fmt: skip
+    node = info(s.api, s.failed).placement[0].node
+    assert out.splitlines() == [
+        "JobID|State|NodeList",
+        f"{s.failed}|FAILED|{node}",
+        f"{s.array[0]}_[1-3%2]|PENDING|None assigned",
+    ]
+    # Nextflow's queue status: every state, its partition and user.
+    out = ok(capsys, "squeue", "--noheader", "-o", "%i %t", "-t", "all", "-p", "lab", "-u", "bob")
+    assert out == f"{s.bob_held} PD\n"
