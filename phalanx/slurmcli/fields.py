@@ -4,6 +4,8 @@ and the `%` format engine (`%.18i`: right-aligned, 18 wide), all as Slurm 22.05 
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -435,3 +437,17 @@ def host_list(names: Sequence[str]) -> str:
         return compress(names)
     except JobSpecError:  # a name Slurm's hostlists cannot hold: list them plainly
         return ",".join(names)
+
+
+def emit(lines: Sequence[str]) -> None:
+    """Print the lines; a reader that went away (`squeue | head -1`) ends the output
+    quietly, as Slurm's tools end on SIGPIPE, instead of a BrokenPipeError traceback."""
+    if not lines:
+        return
+    try:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that stays quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())

@@ -23,6 +23,7 @@ from phalanx.slurmcli.fields import (
     FormatError,
     Spec,
     check_name,
+    emit,
     host_list,
     pad,
     parse_format,
@@ -167,7 +168,7 @@ def _sinfo(argv: list[str]) -> int:
     if states is not None:
         nodes = [n for n in nodes if node_state(n) in states]
     if as_json:
-        print(json.dumps(_json(teams, default, nodes), indent=2))
+        emit([json.dumps(_json(teams, default, nodes), indent=2)])
         return 0
     if fmt is None:
         if summarize:
@@ -196,7 +197,7 @@ def _sinfo(argv: list[str]) -> int:
     if not noheader:
         lines.append(_render(specs, columns, None, widths))
     lines.extend(_render(specs, columns, row, widths) for row in rows)
-    sys.stdout.write("\n".join(lines) + "\n")
+    emit(lines)
     return 0
 
 

@@ -21,6 +21,7 @@ from phalanx.slurmcli.fields import (
     check_name,
     collapse_arrays,
     date,
+    emit,
     parse_format,
     parse_long_format,
     parse_states,
@@ -86,7 +87,7 @@ def _squeue(argv: list[str]) -> int:
         jobs = collapse_arrays(jobs)
     jobs.sort(key=lambda j: (j.partition, STATE_ORDER.get(j.state, 9), -j.priority, j.id))
     if o.json:
-        print(json.dumps(slurmjson.squeue(jobs, now), indent=2))
+        emit([json.dumps(slurmjson.squeue(jobs, now), indent=2)])
         return 0
     try:
         specs = (
@@ -105,8 +106,7 @@ def _squeue(argv: list[str]) -> int:
     if o.long and not o.noheader:  # squeue -l starts with the date, as print_date()
         out.insert(0, time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now)))
     out.extend(render(specs, columns, job) for job in jobs)
-    if out:
-        sys.stdout.write("\n".join(out) + "\n")
+    emit(out)
     return 0
 
 

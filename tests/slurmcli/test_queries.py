@@ -481,3 +481,17 @@ def test_the_calls_real_clients_make(as_admin: Scene, capsys: pytest.CaptureFixt
     # Nextflow's queue status: every state, its partition and user.
     out = ok(capsys, "squeue", "--noheader", "-o", "%i %t", "-t", "all", "-p", "lab", "-u", "bob")
     assert out == f"{s.bob_held} PD\n"
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly(as_admin: Scene) -> None:
+    env = {**os.environ, **as_admin.cluster.client_env()}
+    read, write = os.pipe()
+    os.close(read)  # `squeue | head -0`: the reader is gone before the first line
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "phalanx.slurmcli", "squeue", "-t", "all"],
+            env=env, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (0, "")
