@@ -80,7 +80,7 @@ def parse_states(text: str, *, allow_all: bool = True) -> set[str] | None:
         if code is not None:
             wanted.add(code)
         elif word not in OTHER_STATES and word not in OTHER_STATES.values():
-            raise FormatError(f"Invalid job state specified: {raw.strip()}")
+            raise FormatError(f"Invalid job state specified: {raw.strip()[:64]}")
     return wanted
 
 
@@ -116,6 +116,7 @@ class Job:
     mem_mb: int | None
     array_max_parallel: int | None
     cancelled_by: str | None
+    begin_time: float | None = None  # `--begin`: a pending job's earliest start
     tasks: tuple[int, ...] = field(default=())  # a collapsed pending array's task ids
 
     @classmethod
@@ -150,6 +151,7 @@ class Job:
             mem_mb=row.get("mem_mb"),
             array_max_parallel=row.get("array_max_parallel"),
             cancelled_by=row.get("cancelled_by"),
+            begin_time=row.get("begin_time"),
         )
 
     # ------------------------------------------------------------------ derived values
@@ -379,6 +381,7 @@ class Column:
     header: str
     value: Callable[[Any], str]
     cut: bool = True
+    header_cut: bool = True  # headers are cut to the width, but NODELIST's
 
 
 def render(specs: Sequence[Spec], columns: dict[str, Column], item: Any) -> str:
@@ -394,16 +397,20 @@ def render(specs: Sequence[Spec], columns: dict[str, Column], item: Any) -> str:
             out.append("%" + ("." if spec.right else "") + (str(spec.width) if spec.width else ""))
             out.append(spec.letter + spec.suffix)
             continue
-        text = column.header if item is None else column.value(item)
-        out.append(pad(text, spec.width, spec.right, column.cut) + spec.suffix)
+        if item is None:
+            out.append(pad(column.header, spec.width, spec.right, column.header_cut))
+        else:
+            out.append(pad(column.value(item), spec.width, spec.right, column.cut))
+        out.append(spec.suffix)
     return "".join(out)
 
 
-def parse_long_format(text: str, names: dict[str, str]) -> list[Spec]:
+def parse_long_format(text: str, names: dict[str, str]) -> tuple[list[Spec], list[str]]:
     """`-O/--Format name[:[.][size][suffix]],…` into Specs of the letters `names` maps
-    each (lower-case) name to; width 20 left-aligned by default, as Slurm. FormatError
-    for an unknown name."""
+    each (lower-case) name to; width 20 left-aligned by default, as Slurm. An unknown
+    name is left out with an error (Slurm's, printed by the caller), as squeue does."""
     specs: list[Spec] = []
+    errors: list[str] = []
     for raw in text.split(","):
         item = raw.strip()
         if not item:
@@ -411,7 +418,8 @@ def parse_long_format(text: str, names: dict[str, str]) -> list[Spec]:
         name, colon, rest = item.partition(":")
         letter = names.get(name.lower())
         if letter is None:
-            raise FormatError(f"Invalid job format specification: {name}")
+            errors.append(f"Invalid job format specification: {name[:64]}")
+            continue
         right, width, suffix = False, 20, ""
         if colon:
             right = rest.startswith(".")
@@ -422,7 +430,7 @@ def parse_long_format(text: str, names: dict[str, str]) -> list[Spec]:
             width = int(digits or 0)
             suffix = rest
         specs.append(Spec(letter, width, right, suffix))
-    return specs
+    return specs, errors
 
 
 def check_name(value: str, what: str) -> str:
