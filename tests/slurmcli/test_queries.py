@@ -459,6 +459,8 @@ def test_requeued_preempted_and_node_failed_jobs(
     # Node failure: a job that may not be requeued ends NODE_FAIL when its node dies.
     lost = submit(api, job(work, sh("sleep 300"), name="lost", requeue=False))
     node = wait_state(api, lost, "R").placement[0].node
+    # The runner holds both GPUs of the other node: it lives on for the tests after this.
+    assert node != info(api, s.runner).placement[0].node
     s.cluster.crash_node(node)
     final = wait_state(api, lost, "NF", timeout=60)
     out = ok(capsys, "sacct", "-n", "-P", "-j", str(lost), "-o", "JobID,State,ExitCode,NodeList")
@@ -511,3 +513,14 @@ def test_a_reader_that_goes_away_ends_the_output_quietly(as_admin: Scene) -> Non
     finally:
         os.close(write)
     assert (r.returncode, r.stderr) == (0, "")
+
+
+def test_long_id_lists_go_to_the_head_in_batches(
+    as_admin: Scene, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = as_admin
+    ids = [*range(100_000, 100_450), s.done, s.runner]  # 452 ids: two requests of ≤ 400
+    out = ok(capsys, "sacct", "-n", "-P", "-o", "JobID,State", "-j", ",".join(map(str, ids)))
+    assert out.splitlines() == [f"{s.done}|COMPLETED", f"{s.runner}|RUNNING"]
+    out = ok(capsys, "squeue", "-h", "-o", "%i %t", "-j", ",".join(map(str, ids)))
+    assert out.splitlines() == [f"{s.done} CD", f"{s.runner} R"]
