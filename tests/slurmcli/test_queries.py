@@ -524,3 +524,35 @@ def test_long_id_lists_go_to_the_head_in_batches(
     assert out.splitlines() == [f"{s.done}|COMPLETED", f"{s.runner}|RUNNING"]
     out = ok(capsys, "squeue", "-h", "-o", "%i %t", "-j", ",".join(map(str, ids)))
     assert out.splitlines() == [f"{s.done} CD", f"{s.runner} R"]
+
+
+def test_sacct_and_sinfo_json(as_admin: Scene, capsys: pytest.CaptureFixture[str]) -> None:
+    s = as_admin
+    body = json.loads(ok(capsys, "sacct", "--json", "-j", f"{s.failed},{s.killed},{s.array[0]}"))
+    assert body["meta"]["plugin"]["type"] == "openapi/dbv0.0.38" and body["errors"] == []
+    by_id = {j["job_id"]: j for j in body["jobs"]}
+    failed, killed, arr = by_id[s.failed], by_id[s.killed], by_id[s.array[0]]
+    f = info(s.api, s.failed)
+    assert failed["state"] == {"current": "FAILED", "reason": "NonZeroExitCode"}
+    assert failed["exit_code"] == {"status": "FAILED", "return_code": 3}
+    assert failed["time"]["start"] == int(f.start_time or 0)
+    assert failed["time"]["end"] == int(f.end_time or 0)
+    assert failed["nodes"] == f.placement[0].node and failed["partition"] == "default"
+    assert killed["state"]["current"] == "CANCELLED" and killed["kill_request_user"] == "admin"
+    assert killed["exit_code"] == {
+        "status": "SIGNALED", "return_code": None,
+        "signal": {"signal_id": 15, "name": "Terminated"},
+    }  # fmt: skip
+    assert arr["array"] == {
+        "job_id": s.array[0], "limits": {"max": {"running": {"tasks": 2}}}, "task": "1-3%2",
+        "task_id": None,
+    }  # fmt: skip
+    assert arr["nodes"] == "None assigned" and arr["exit_code"]["status"] == "PENDING"
+
+    nodes = json.loads(ok(capsys, "sinfo", "--json"))
+    busy = info(s.api, s.runner).placement[0].node
+    states = {n["name"]: (n["state"], n["alloc_cpus"] == n["cpus"]) for n in nodes["nodes"]}
+    assert states[busy] == ("allocated", True)
+    assert sorted(p["name"] for p in nodes["partitions"]) == ["default", "lab"]
+    default = next(p for p in nodes["partitions"] if p["name"] == "default")
+    assert (default["flags"], default["total_nodes"]) == (["default"], 2)
