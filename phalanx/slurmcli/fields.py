@@ -435,7 +435,7 @@ def parse_long_format(text: str, names: dict[str, str]) -> tuple[list[Spec], lis
 
 def check_name(value: str, what: str) -> str:
     """A user, partition or job name from the command line: bounded, no control chars."""
-    if len(value) > 256 or any(ord(c) < 32 for c in value):
+    if len(value) > 128 or any(ord(c) < 32 for c in value):  # the head's bound on a name
         raise FormatError(f"Invalid {what}: {value[:64]!r}")
     return value
 

@@ -39,6 +39,7 @@ VALID_STATES = (
     "SPECIAL_EXIT,STAGE_OUT,STOPPED"
 )
 MIN_JOB_AGE_S = 300  # slurmctld's MinJobAge default: ended jobs stay listed this long
+NO_USER = "\x00"  # what an unknown uid stands for: no user is named so
 MAX_IDS = 4000
 SHORT = "A:ahj:ln:o:O:p:q:rS:st:u:vVw:M:i:"
 LONG = [
@@ -216,7 +217,7 @@ def _user(name: str) -> str:
             return pwd.getpwuid(int(name)).pw_name
         except (KeyError, OverflowError):
             print(f"squeue: error: Invalid user: {name}", file=sys.stderr)
-            return "\x00"  # no user is named so (names have no control characters)
+            return NO_USER
     return name
 
 
@@ -224,14 +225,14 @@ def _select(client: Any, o: _Options, now: float) -> list[Job]:
     states = o.states
     if o.ids and not o.states_given:
         states = None  # `-j`: its jobs in any state (ended ones while slurmctld keeps them)
-    if states is not None and not states:
+    if (states is not None and not states) or o.users == {NO_USER}:
         return []
     wants_ended = states is None or any(s not in LIVE_CODES for s in states)
     jobs = fetch(
         client,
         active=True,
         ended=wants_ended,
-        user=next(iter(o.users)) if len(o.users) == 1 else None,
+        user=next(iter(o.users)) if len(o.users) == 1 and NO_USER not in o.users else None,
         team=next(iter(o.partitions)) if len(o.partitions) == 1 else None,
         states=states,
         since=now - MIN_JOB_AGE_S if wants_ended else None,
