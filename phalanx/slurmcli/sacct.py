@@ -262,7 +262,10 @@ def _select(client: Any, o: _Options, now: float) -> list[Job]:
 # ----------------------------------------------------------------------------- fields
 def _state(job: Job, _now: float) -> str:
     if job.state == "CA" and job.cancelled_by:
-        return f"CANCELLED by {_uid(job.cancelled_by)}"
+        who = job.cancelled_by
+        # A user's name; else the head itself (its idle-GPU policy, an admin token with
+        # no user): uid 0, as sacct names slurmctld's own cancels.
+        return f"CANCELLED by {'0' if ' ' in who else _uid(who)}"
     return job.word
 
 
