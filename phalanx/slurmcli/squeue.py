@@ -32,6 +32,7 @@ from phalanx.slurmcli.jobsource import fetch
 
 DEFAULT_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 LONG_FORMAT = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
+START_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.19S %.6D %20Y %R"  # `--start`
 VALID_STATES = (
     "Valid job states include: PENDING,RUNNING,SUSPENDED,COMPLETED,CANCELLED,FAILED,"
     "TIMEOUT,NODE_FAIL,PREEMPTED,BOOT_FAIL,DEADLINE,OUT_OF_MEMORY,COMPLETING,CONFIGURING,"
@@ -47,7 +48,7 @@ LONG = [
     "jobs=", "long", "me", "name=", "noheader", "partition=", "qos=", "sort=",
     "states=", "steps", "user=", "usage", "verbose", "version", "json", "yaml",
     "nodelist=", "clusters=", "cluster=", "local", "federation", "sibling",
-    "noconvert", "array-unique", "start", "only-job-state",
+    "noconvert", "array-unique", "start",
 ]  # fmt: skip
 # `-O` names → the `%` letter printing the same field.
 LONG_NAMES = {
@@ -98,7 +99,8 @@ def _squeue(argv: list[str]) -> int:
     if o.long_format is not None:
         specs, errors = parse_long_format(o.long_format, LONG_NAMES)
     else:
-        specs = parse_format(o.format or (LONG_FORMAT if o.long else DEFAULT_FORMAT))
+        default = START_FORMAT if o.start else LONG_FORMAT if o.long else DEFAULT_FORMAT
+        specs = parse_format(o.format or default)
         errors = [
             f"Invalid job format specification: {spec.letter}"
             for spec in specs
@@ -132,6 +134,7 @@ class _Options:
         self.format: str | None = os.environ.get("SQUEUE_FORMAT") or None
         self.long_format: str | None = os.environ.get("SQUEUE_FORMAT2") or None
         self.long = self.noheader = self.me = self.json = self.expand_arrays = False
+        self.start = False
 
     def apply(self, flag: str, value: str) -> bool:
         """Take one option; True when it printed something and squeue is done."""
@@ -167,6 +170,10 @@ class _Options:
             self.nodes |= _words(value, "node")
         elif flag == "--me":
             self.me = True
+        elif flag == "--start":  # pending jobs and when they may start (`--begin`)
+            self.start = True
+            if not self.states_given:
+                self.states = {"PD"}
         elif flag == "--json":
             self.json = True
         elif flag == "--yaml":
@@ -343,6 +350,7 @@ def _columns(now: float) -> dict[str, Column]:
         "u": col("USER", lambda j: j.user),
         "U": col("UID", lambda j: str(_uid(j.user))),
         "V": col("SUBMIT_TIME", lambda j: date(j.submit_time, "N/A")),
+        "Y": col("SCHEDNODES", lambda j: "(null)"),  # nodes the scheduler plans: not kept
         "Z": col("WORK_DIR", lambda j: j.workdir),
     }
 

@@ -212,6 +212,15 @@ def test_squeue_ids_states_and_unknown_ids(
     out = ok(capsys, "squeue", "-h", "-j", str(s.waiting), "-o", "%S|%e|%L|%n|%V")
     submitted = iso(info(s.api, s.waiting).submit_time)
     assert out == f"{iso(begin)}|NONE|UNLIMITED||{submitted}\n"
+    out = ok(capsys, "squeue", "--start", "-p", "default")
+    assert out.splitlines() == [
+        "             JOBID PARTITION     NAME     USER ST          START_TIME  NODES "
+        "SCHEDNODES           NODELIST(REASON)",
+        f"{s.waiting:>18}   default a-very-l    admin PD {iso(begin)}      1 "
+        "(null)               (BeginTime)",
+        f"{f'{s.array[0]}_[1-3%2]':>18}   default      arr    admin PD {iso(begin)}      1 "
+        "(null)               (BeginTime)",
+    ]
     code, out, err = run(capsys, "squeue", "-j", "999999")
     assert (code, out, err) == (1, "", "slurm_load_jobs error: Invalid job id specified\n")
     out = ok(capsys, "squeue", "-h", "-j", f"{s.array[0]}_2", "-o", "%i")
