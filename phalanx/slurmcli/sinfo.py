@@ -19,15 +19,12 @@ from phalanx.jobspec.hostlist import expand
 from phalanx.slurmcli import slurmjson
 from phalanx.slurmcli.common import connect, die, run
 from phalanx.slurmcli.fields import (
-    Column,
     FormatError,
-    Spec,
     check_name,
     emit,
     host_list,
-    pad,
-    parse_format,
 )
+from phalanx.slurmcli.formats import Column, Spec, pad, parse_format
 
 DEFAULT_FORMAT = "%9P %.5a %.10l %.6D %.6t %N"
 LONG_FORMAT = "%9P %.5a %.10l %.10s %.4r %.8h %.10g %.6D %.11T %N"

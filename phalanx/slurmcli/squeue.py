@@ -15,19 +15,16 @@ from phalanx.slurmcli import slurmjson
 from phalanx.slurmcli.common import connect, die, run
 from phalanx.slurmcli.fields import (
     LIVE_CODES,
-    Column,
     FormatError,
     Job,
     check_name,
     collapse_arrays,
     date,
     emit,
-    parse_format,
-    parse_long_format,
     parse_states,
-    render,
     squeue_secs,
 )
+from phalanx.slurmcli.formats import Column, parse_format, parse_long_format, render
 from phalanx.slurmcli.jobsource import fetch
 
 DEFAULT_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"

@@ -13,14 +13,13 @@ from phalanx.slurmcli import sacct
 from phalanx.slurmcli.fields import (
     FormatError,
     Job,
-    Spec,
     collapse_arrays,
-    parse_format,
     parse_states,
     ranges,
     sacct_secs,
     squeue_secs,
 )
+from phalanx.slurmcli.formats import Spec, parse_format
 from phalanx.slurmcli.slurmtime import parse_time
 
 NOW = datetime(2026, 3, 10, 14, 30, 15).timestamp()  # a Tuesday, local time
