@@ -94,7 +94,9 @@ class SlurmCluster:
     None, removed on exit).
 
     `kill_wait` is Slurm's KillWait: the seconds between the SIGTERM a job's processes get
-    when it is cancelled, preempted or reaches its time limit and the SIGKILL. `extra_conf`
+    when it is cancelled, preempted or reaches its time limit and the SIGKILL.
+    `message_timeout` is Slurm's MessageTimeout: a client command waits about that long
+    for a controller that is down before it gives up. `extra_conf`
     lines are appended to slurm.conf (e.g. "MaxJobCount=20000"). `cpus_per_node` is what
     each node declares (`SlurmdParameters=config_overrides`: whatever this host has); a job
     takes one CPU unless it asks for more, and memory is not a consumable resource.
@@ -110,6 +112,7 @@ class SlurmCluster:
         memory_mb: int = 4000,
         partition: str = "gpu",
         kill_wait: int = 30,
+        message_timeout: int = 10,
         extra_conf: Sequence[str] = (),
         start_timeout_s: float = 30.0,
     ) -> None:
@@ -130,6 +133,7 @@ class SlurmCluster:
         self.memory_mb = memory_mb
         self.partition = partition
         self.kill_wait = kill_wait
+        self.message_timeout = message_timeout
         self.extra_conf = list(extra_conf)
         self.start_timeout_s = start_timeout_s
         self.cluster_name = "phx" + uuid.uuid4().hex[:8]
@@ -193,6 +197,8 @@ class SlurmCluster:
         root = self.root
         for sub in ("state", "spool", "logs", "dev"):
             (root / sub).mkdir(exist_ok=True)
+        for node in self.nodes:
+            (root / "spool" / node).mkdir(exist_ok=True)
         gres_lines = []
         for node in self.nodes:
             for dev in self._gpu_devices(node):
@@ -237,7 +243,7 @@ class SlurmCluster:
             "SlurmctldTimeout=30",
             "SlurmdTimeout=60",
             "InactiveLimit=0",
-            "MessageTimeout=10",
+            f"MessageTimeout={self.message_timeout}",
             *self.extra_conf,
         ]
         for node in self.nodes:
@@ -266,19 +272,53 @@ class SlurmCluster:
         )
 
     def start(self) -> SlurmCluster:
-        self._write_config()
-        try:
-            # -D: stay in the foreground (we own the process); -i: ignore saved state.
-            self._spawn("slurmctld", [str(SLURM_SBIN / "slurmctld"), "-D", "-i"])
-            self._wait("slurmctld answers", self._ctld_up)
-            for node in self.nodes:
-                # -Z would register dynamically; -N names the configured node this one is.
-                self._spawn(f"slurmd-{node}", [str(SLURM_SBIN / "slurmd"), "-D", "-N", node])
-            self._wait("every node idle", self._all_idle)
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        """Write the configuration, start the daemons, wait until every node is idle. A
+        port taken between picking it and a daemon binding it: again, on fresh ports."""
+        for attempt in range(3):
+            self._write_config()
+            try:
+                self._start_daemons()
+                return self
+            except SlurmUnavailable as e:
+                if "Address already in use" not in str(e) or attempt == 2:
+                    self.stop()
+                    raise
+                self._halt()
+                for log in self._logs:
+                    log.close()
+                self._logs.clear()
+                for stale in ("state", "logs"):
+                    shutil.rmtree(self.root / stale, ignore_errors=True)
+                self.ctld_port = free_port()
+                self.node_ports = {name: free_port() for name in self.nodes}
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _start_daemons(self) -> None:
+        self.start_controller()
+        for node in self.nodes:
+            # -N: the configured node this slurmd is (several share this host).
+            self._spawn(f"slurmd-{node}", [str(SLURM_SBIN / "slurmd"), "-D", "-N", node])
+        self._wait("every node idle", self._all_idle)
+
+    def start_controller(self) -> None:
+        """Start slurmctld (again, after `stop_controller`: it recovers its saved state,
+        the jobs and nodes it had) and wait until it answers."""
+        if "slurmctld" in self._procs and self._procs["slurmctld"].poll() is None:
+            return
+        # -D: in the foreground (this object owns the process).
+        self._spawn("slurmctld", [str(SLURM_SBIN / "slurmctld"), "-D"])
+        self._wait("slurmctld answers", self._ctld_up)
+
+    def stop_controller(self) -> None:
+        """Stop slurmctld alone (SIGTERM: it saves its state); the slurmd and the jobs
+        running on them go on, and every client command fails until `start_controller`."""
+        proc = self._procs.get("slurmctld")
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=30)
 
     def _ctld_up(self) -> bool:
         return self.run("scontrol", "ping", check=False, timeout=10).returncode == 0
@@ -313,8 +353,18 @@ class SlurmCluster:
             time.sleep(0.2)
 
     def stop(self) -> None:
+        """Cancel every job, stop the daemons, end what is left of the jobs; remove the
+        folder if it was a temporary one."""
         with contextlib.suppress(Exception):
             self.cancel_all()
+        self._halt()
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def _halt(self) -> None:
         # slurmd first (a slurmctld gone first makes it wait), then the controller.
         order = sorted(self._procs, key=lambda label: label == "slurmctld")
         for label in order:
@@ -327,6 +377,7 @@ class SlurmCluster:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+        self._procs.clear()
         # slurmstepd and job processes outlive slurmd by design: end what is left of ours.
         for _ in range(50):
             left = slurm_job_processes(self.conf)
@@ -336,12 +387,6 @@ class SlurmCluster:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
             time.sleep(0.1)
-        for log in self._logs:
-            log.close()
-        self._logs.clear()
-        self._procs.clear()
-        if self._own_root:
-            shutil.rmtree(self.root, ignore_errors=True)
 
     def leftover_pids(self) -> list[int]:
         """This cluster's slurmstepd and job processes still alive (none after `stop`)."""
