@@ -13,6 +13,7 @@ growing pause, since the same request fails the same way until someone fixes it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -40,6 +41,8 @@ class PassReport:
     ok: bool = True
     problem: str | None = None  # why this pass did nothing, or what failed
     slurm_jobs: dict[str, str] = field(default_factory=dict)  # slurm id -> state
+    slurm_waiting: dict[str, str] = field(default_factory=dict)  # pending slurm id -> reason
+    failed_starts: list[str] = field(default_factory=list)  # ended before their agent joined
     members: int = 0
     joined: int = 0
     busy: int = 0
@@ -65,6 +68,14 @@ class PassReport:
             parts.append(f"released {', '.join(self.released)}")
         if self.forgotten:
             parts.append(f"forgot node(s) {', '.join(self.forgotten)}")
+        if self.slurm_waiting:
+            waits = ", ".join(f"{i} ({r})" for i, r in sorted(self.slurm_waiting.items()))
+            parts.append(f"waiting in Slurm: {waits}")
+        if self.failed_starts:
+            parts.append(
+                f"Slurm job(s) {', '.join(self.failed_starts)} ended before their agent "
+                "joined (see their --output)"
+            )
         if self.too_big:
             parts.append(f"job(s) {self.too_big} want more GPUs per node than a pool node has")
         if self.problem:
@@ -92,6 +103,9 @@ class SlurmPool:
         self._submit_after = 0.0  # after a refusal: no sbatch before this (monotonic)
         self._submit_backoff = 0.0
         self._last_summary = ""
+        # Slurm jobs submitted whose agent has not joined yet: one that ends first is a
+        # failed start (a wrong head URL, token or command), and submits back off.
+        self._unjoined: set[str] = set()
 
     # ------------------------------------------------------------------ one pass
     def step(self) -> PassReport:
@@ -102,12 +116,14 @@ class SlurmPool:
             kind = "Slurm unreachable" if isinstance(e, SlurmUnreachable) else "Slurm failed"
             return self._fail(report, f"{kind} ({e}); nothing changed, retrying")
         report.slurm_jobs = {j.job_id: j.state for j in slurm_jobs}
+        report.slurm_waiting = {j.job_id: j.reason for j in slurm_jobs if j.state == "PENDING"}
         try:
             nodes = {n.name: n for n in self.client.nodes().nodes}
             pending = self.client.jobs(active=True, states=["PD"]).jobs
         except ApiError as e:
             return self._fail(report, f"the head did not answer ({e}); nothing changed, retrying")
         members = self._members(slurm_jobs, nodes)
+        self._check_starts(report, slurm_jobs, members)
         jobs = [
             PendingJob(j.id, j.nodes, j.gpus_per_node, j.reason, held=j.hold is not None)
             for j in pending
@@ -147,6 +163,24 @@ class SlurmPool:
         self._idle_since = {n: t for n, t in self._idle_since.items() if n in seen}
         return members
 
+    def _check_starts(
+        self, report: PassReport, slurm_jobs: list[SlurmJob], members: list[Member]
+    ) -> None:
+        listed = {j.job_id for j in slurm_jobs if j.live}
+        joined = {m.slurm_id for m in members if m.joined}
+        failed = sorted(self._unjoined - listed - joined, key=int)
+        started = self._unjoined & joined
+        self._unjoined = self._unjoined & (listed - joined)
+        if failed:
+            report.failed_starts = failed
+            self._back_off()
+        elif started:
+            self._submit_backoff = 0.0  # agents start fine (again)
+
+    def _back_off(self) -> None:
+        self._submit_backoff = min(MAX_SUBMIT_BACKOFF_S, max(5.0, self._submit_backoff * 2))
+        self._submit_after = self.clock() + self._submit_backoff
+
     def _fill(self, report: PassReport, members: list[Member], d: Decision) -> None:
         report.members = len(members)
         report.joined = sum(1 for m in members if m.joined)
@@ -168,6 +202,9 @@ class SlurmPool:
                 self.slurm.cancel([m.slurm_id])
             except SlurmError as e:
                 report.problem = f"cannot scancel Slurm job {m.slurm_id}: {e}"
+                if m.joined:  # still the pool's: usable until the next try
+                    with contextlib.suppress(ApiError):
+                        self.client.resume(m.node)
                 continue
             report.released.append(f"{m.node} (Slurm job {m.slurm_id})")
 
@@ -176,17 +213,18 @@ class SlurmPool:
             return
         if self.clock() < self._submit_after:
             wait = self._submit_after - self.clock()
-            report.problem = (
-                report.problem or f"sbatch refused earlier; trying again in {wait:.0f} s"
+            later = (
+                f"not submitting for {wait:.0f} s more (the last sbatch was refused or "
+                "its agent did not start)"
             )
+            report.problem = report.problem or later
             return
         script, options = self.job.script(), self.job.sbatch_options()
         for _ in range(d.submit):
             try:
-                report.submitted.append(self.slurm.submit(script, options))
+                job_id = self.slurm.submit(script, options)
             except SubmitRefused as e:
-                self._submit_backoff = min(MAX_SUBMIT_BACKOFF_S, max(5.0, self._submit_backoff * 2))
-                self._submit_after = self.clock() + self._submit_backoff
+                self._back_off()
                 report.problem = (
                     f"{e} (check --partition and --sbatch-arg; next try in "
                     f"{self._submit_backoff:.0f} s)"
@@ -195,7 +233,8 @@ class SlurmPool:
             except SlurmError as e:
                 report.problem = f"sbatch failed: {e}; retrying next pass"
                 return
-        self._submit_backoff = 0.0
+            report.submitted.append(job_id)
+            self._unjoined.add(job_id)
 
     def _forget(
         self, report: PassReport, slurm_jobs: list[SlurmJob], nodes: dict[str, NodeInfo]

@@ -235,3 +235,26 @@ def test_sbatch_refusing_the_job_is_a_clear_error_and_nothing_is_submitted(
     assert "Traceback" not in done.stderr
     assert pool_jobs(slurm, "refuse") == {}
     assert os.environ.get("SLURM_CONF") is None  # the test's own env is untouched
+
+
+def test_an_agent_that_cannot_join_is_reported_and_submitting_backs_off(
+    slurm: SlurmCluster, head: LocalCluster, secrets: dict[str, Path], tmp_path: Path
+) -> None:
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("phx_join_this-token-was-never-issued")
+    wrong.chmod(0o600)
+    job = agent_job(head, secrets, tmp_path, "broken", token_file=str(wrong))
+    with head.client() as api:
+        pool = SlurmPool(job, PoolLimits(1, 1, 2, 60.0), api, Slurm(env=slurm.env()))
+        first = pool.step()
+        assert len(first.submitted) == 1, first
+        wait_for("the agent's Slurm job to end", lambda: not pool_jobs(slurm, "broken") or None)
+
+        after = pool.step()
+
+    assert after.failed_starts == first.submitted and after.submitted == [], after
+    assert "ended before their agent joined" in after.summary()
+    assert after.problem is not None and "not submitting for" in after.problem
+    output = (tmp_path / f"slurm-{first.submitted[0]}.out").read_text()
+    assert "refused to register this agent" in output  # the agent said why …
+    assert wrong.read_text() not in output  # … without printing the token
