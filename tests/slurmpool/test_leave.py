@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from phalanx.api.models import JobSpec
+from phalanx.api.models import JobInfo, JobSpec
 from phalanx.local import LocalCluster
 from phalanx.testing import workload
 from phalanx.testing.invariants import check_never_twice
@@ -107,3 +107,36 @@ def test_only_the_node_itself_or_an_admin_may_make_it_leave(cluster: LocalCluste
     assert post(nodes[first], cluster.admin_token, {"reason": "", "grace_s": -1}) == 422
     assert post(nodes[first], cluster.admin_token, {"reason": "x", "grace_s": 1e9}) == 422
     assert post("nosuch", cluster.admin_token) == 404
+
+
+def test_a_leaving_agent_that_cannot_reach_the_head_stops_its_jobs_and_exits(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    with cluster.client() as api:
+        job_id = submit(
+            api,
+            JobSpec(command=["sleep", "300"], workdir=str(tmp_path), nodes=1, gpus_per_node=1),
+        )
+        info = wait_state(api, job_id, "R")
+        address = next(n.address for n in api.nodes().nodes if n.name == info.placement[0].node)
+    cluster.kill_head()
+    try:
+        cluster.signal_agent(address, signal.SIGTERM)
+        # Not the 20 s of --leave-grace: nobody to requeue the job, so no reason to wait.
+        wait_for("the agent to exit", lambda: not cluster.agent_alive(address) or None, 15)
+    finally:
+        for stopped in [a for a in cluster.addresses if not cluster.agent_alive(a)]:
+            cluster.start_agent(stopped)  # the head's start checks every agent is alive
+        cluster.restart_head()
+    log = (cluster.log_dir / f"agent-{address}.log").read_text()
+    assert "leaving: the head did not take the notice" in log
+    with cluster.client() as api:
+        # Its job is requeued (its processes were stopped; the agent on the node reports
+        # them lost), not failed.
+        def requeued() -> JobInfo | None:
+            info = api.job(job_id).job
+            return info if info.restart_count >= 1 and info.state != "CG" else None
+
+        again = wait_for("the job requeued", requeued, timeout=30)
+        assert again.state in ("PD", "R"), describe(api, job_id)
+        api.cancel(job_id)

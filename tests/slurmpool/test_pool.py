@@ -21,6 +21,7 @@ import pytest
 from phalanx.api.models import JobInfo, JobSpec
 from phalanx.client.api import PhalanxClient
 from phalanx.local import LocalCluster
+from phalanx.local.cluster import free_port
 from phalanx.slurmpool.payload import AgentJob
 from phalanx.slurmpool.policy import PoolLimits
 from phalanx.slurmpool.pool import SlurmPool
@@ -258,3 +259,19 @@ def test_an_agent_that_cannot_join_is_reported_and_submitting_backs_off(
     output = (tmp_path / f"slurm-{first.submitted[0]}.out").read_text()
     assert "refused to register this agent" in output  # the agent said why …
     assert wrong.read_text() not in output  # … without printing the token
+
+
+def test_a_head_that_does_not_answer_changes_nothing(
+    slurm: SlurmCluster, head: LocalCluster, secrets: dict[str, Path], tmp_path: Path
+) -> None:
+    nobody = f"https://127.0.0.1:{free_port()}"
+    argv = [sys.executable, "-m", "phalanx", "slurm-pool", "--once", "--head", nobody]
+    argv += ["--token-file", str(secrets["admin"]), "--join-token-file", str(secrets["join"])]
+    argv += ["--name", "headless", "--gpus-per-node", "2", "--min", "1"]
+    done = subprocess.run(argv, env=slurm.env(), capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert not report["ok"] and report["submitted"] == []
+    assert "the head did not answer" in report["problem"] and nobody in report["problem"]
+    assert pool_jobs(slurm, "headless") == {}
