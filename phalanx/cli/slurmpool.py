@@ -86,7 +86,9 @@ def slurm_pool(
     address: Annotated[
         str,
         typer.Option(
-            help="The address agents announce (`auto`: the node's first, from hostname -I)."
+            help="The address agents announce: `auto` (the node's first, hostname -I), "
+            "`hostname` (its FQDN), `iface:NAME` (its IPv4 address on that interface, e.g. "
+            "iface:ib0), or one literal address (a single-host test)."
         ),
     ] = "auto",
     agent_head: Annotated[
@@ -150,7 +152,7 @@ def slurm_pool(
     import signal
     import threading
 
-    from phalanx.slurmpool.payload import AgentJob, check_args, parse_command
+    from phalanx.slurmpool.payload import AgentJob, address_lines, check_args, parse_command
     from phalanx.slurmpool.policy import PoolLimits
     from phalanx.slurmpool.pool import SlurmPool
     from phalanx.slurmpool.slurm import Slurm
@@ -172,6 +174,7 @@ def slurm_pool(
     try:
         extra_sbatch = check_args(sbatch_arg or [], "--sbatch-arg")
         extra_agent = check_args(agent_arg or [], "--agent-arg")
+        address_lines(address)
         command = (
             parse_command(phalanx_command) if phalanx_command else (sys.executable, "-m", "phalanx")
         )

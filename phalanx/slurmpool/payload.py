@@ -17,8 +17,29 @@ AUTO_ADDRESS = "auto"
 # The node's first address (`hostname -I`), else what its name resolves to.
 _AUTO_ADDRESS_SH = (
     'address="$(hostname -I 2>/dev/null | cut -d" " -f1)"\n'
-    'if [ -z "$address" ]; then address="$(hostname -i | cut -d" " -f1)"; fi\n'
+    'if [ -z "$address" ]; then address="$(hostname -i | cut -d" " -f1)"; fi'
 )
+_HOSTNAME_SH = 'address="$(hostname -f)"'
+# iface:NAME: the node's IPv4 address on that interface (ib0, eth1: the training network).
+_IFACE_SH = (
+    "address=\"$(ip -4 -o addr show dev {iface} | awk '{{print $4}}' | cut -d/ -f1 | head -n1)\"\n"
+    'if [ -z "$address" ]; then echo "no IPv4 address on {iface}" >&2; exit 1; fi'
+)
+
+
+def address_lines(address: str) -> str:
+    """Shell that sets $address: `auto`, `hostname` (the node's FQDN), `iface:NAME`, or a
+    literal address (a single-host test)."""
+    if address == AUTO_ADDRESS:
+        return _AUTO_ADDRESS_SH
+    if address == "hostname":
+        return _HOSTNAME_SH
+    if address.startswith("iface:"):
+        iface = address.removeprefix("iface:")
+        if not iface or not all(c.isalnum() or c in "._-" for c in iface):
+            raise ValueError(f"--address {address!r}: not an interface name")
+        return _IFACE_SH.format(iface=iface)
+    return f"address={shlex.quote(address)}"
 
 
 @dataclass(frozen=True)
@@ -90,10 +111,7 @@ class AgentJob:
             f'name={shlex.quote(self.node_prefix)}"$SLURM_JOB_ID"',
             f'state={shlex.quote(self.state_root.rstrip("/"))}/"$name"',
         ]
-        if self.address == AUTO_ADDRESS:
-            lines.append(_AUTO_ADDRESS_SH.rstrip("\n"))
-        else:
-            lines.append(f"address={shlex.quote(self.address)}")
+        lines.append(address_lines(self.address))
         lines.append(f'exec {fixed} --name "$name" --address "$address" --state-dir "$state"')
         return "\n".join(lines) + "\n"
 

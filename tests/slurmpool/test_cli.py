@@ -35,6 +35,7 @@ POOL = ["slurm-pool", "--head", "https://127.0.0.1:1", "--gpus-per-node", "2"]
         (["--sbatch-arg", "account=ml"], "--sbatch-arg: 'account=ml' is not an option"),
         (["--agent-arg=--x\n#SBATCH --y"], "--agent-arg"),
         (["--phalanx-command", "   "], "--phalanx-command is empty"),
+        (["--address", "iface:a b"], "--address 'iface:a b': not an interface name"),
     ],
 )
 def test_bad_pool_flags_are_one_line_errors(

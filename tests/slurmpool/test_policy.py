@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.slurmpool.payload import AgentJob, check_args
+from phalanx.slurmpool.payload import AgentJob, address_lines, check_args
 from phalanx.slurmpool.policy import Member, PendingJob, PoolLimits, decide
 
 LIMITS = PoolLimits(min_nodes=1, max_nodes=4, gpus_per_node=8, idle_timeout_s=300.0)
@@ -160,3 +160,22 @@ def test_extra_options_must_be_options() -> None:
         check_args(["account=ml"], "--sbatch-arg")
     with pytest.raises(ValueError, match="not an option"):
         check_args(["--x\n#SBATCH --y"], "--agent-arg")
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [("iface:lo", "127.0.0.1"), ("10.1.2.3", "10.1.2.3")],
+)
+def test_the_address_is_found_on_the_node(address: str, expected: str) -> None:
+    script = address_lines(address) + '\nprintf "%s" "$address"'
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True)
+    assert (out.returncode, out.stdout) == (0, expected), out.stderr
+
+
+def test_an_interface_name_is_checked() -> None:
+    with pytest.raises(ValueError, match="not an interface name"):
+        address_lines("iface:eth0; rm -rf /")
+    missing = subprocess.run(
+        ["bash", "-c", address_lines("iface:nosuch0")], capture_output=True, text=True
+    )
+    assert missing.returncode == 1 and "no IPv4 address on nosuch0" in missing.stderr
