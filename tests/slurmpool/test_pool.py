@@ -28,6 +28,7 @@ from phalanx.slurmpool.pool import SlurmPool
 from phalanx.slurmpool.slurm import Slurm
 from phalanx.testing import workload
 from phalanx.testing.invariants import check_never_twice
+from phalanx.testing.processes import pid_alive
 from phalanx.testing.slurmcluster import SlurmCluster
 from phalanx.tls import CA_FILE_ENV
 from tests.e2e.helpers import describe, submit, wait_for, wait_state
@@ -90,6 +91,21 @@ def pool_jobs(slurm: SlurmCluster, pool: str) -> dict[str, str]:
     return dict(line.split() for line in out.splitlines() if line.strip())
 
 
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that name `text` (a test's folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline and pid_alive(int(entry.name)):
+            found.append(cmdline)
+    return found
+
+
 def ledger_steps(ledger: Path, epoch: int) -> list[dict[str, object]]:
     return [e for e in workload.read_ledger(ledger) if e["epoch"] == epoch]
 
@@ -118,6 +134,8 @@ def test_the_pool_grows_with_demand_replaces_a_cancelled_agent_and_shrinks_when_
         pool.wait(timeout=30)
         log.close()
     assert pool.returncode == 0, (tmp_path / "pool.log").read_text()[-3000:]
+    # Every agent the pool started has exited, and every process of the job with it.
+    assert processes_mentioning(str(tmp_path)) == []
     text = (tmp_path / "pool.log").read_text()
     assert "submitted Slurm job(s)" in text and "released slurm-accept-" in text
     assert secrets["join"].read_text() not in text  # the join token is never logged
