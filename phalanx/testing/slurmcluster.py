@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -32,7 +34,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from phalanx.local.cluster import free_port
 from phalanx.testing.processes import pid_alive
 
 SLURM_BIN = Path("/usr/bin")  # sbatch, squeue, scancel, sinfo, scontrol, sacct
@@ -41,6 +42,36 @@ SLURM_SBIN = Path("/usr/sbin")  # slurmctld, slurmd
 
 class SlurmUnavailable(RuntimeError):
     """Slurm cannot run here (not installed, not root) or did not start (the message says)."""
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def listen_ports(count: int) -> list[int]:
+    """`count` distinct ports free on every address now, outside the kernel's ephemeral
+    range where it can: slurmctld and slurmd bind 0.0.0.0 a moment later, and a port from
+    that range (what binding port 0 gives) may meanwhile become a connection's local port."""
+    low, high = _ephemeral_range()
+    first, last = (10000, low - 1) if low > 12000 else (high + 1, 65535)
+    if last - first < 1000:  # no room outside it: anywhere unprivileged
+        first, last = 1024, 65535
+    ports: list[int] = []
+    while len(ports) < count:
+        port = random.randint(first, last)
+        if port in ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports
 
 
 def slurm_installed() -> bool:
@@ -137,13 +168,17 @@ class SlurmCluster:
         self.extra_conf = list(extra_conf)
         self.start_timeout_s = start_timeout_s
         self.cluster_name = "phx" + uuid.uuid4().hex[:8]
-        self.ctld_port = free_port()
-        self.node_ports = {name: free_port() for name in self.nodes}
+        self._pick_ports()
         self.conf = self.root / "slurm.conf"
         self.log_dir = self.root / "logs"
         self.jobcomp = self.root / "jobcomp.txt"
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
+
+    def _pick_ports(self) -> None:
+        ctld, *nodes = listen_ports(1 + len(self.nodes))
+        self.ctld_port = ctld
+        self.node_ports = dict(zip(self.nodes, nodes, strict=True))
 
     # ------------------------------------------------------------------ clients
     def env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -274,13 +309,13 @@ class SlurmCluster:
     def start(self) -> SlurmCluster:
         """Write the configuration, start the daemons, wait until every node is idle. A
         port taken between picking it and a daemon binding it: again, on fresh ports."""
-        for attempt in range(3):
+        for attempt in range(5):
             self._write_config()
             try:
                 self._start_daemons()
                 return self
             except SlurmUnavailable as e:
-                if "Address already in use" not in str(e) or attempt == 2:
+                if "Address already in use" not in str(e) or attempt == 4:
                     self.stop()
                     raise
                 self._halt()
@@ -289,8 +324,7 @@ class SlurmCluster:
                 self._logs.clear()
                 for stale in ("state", "logs"):
                     shutil.rmtree(self.root / stale, ignore_errors=True)
-                self.ctld_port = free_port()
-                self.node_ports = {name: free_port() for name in self.nodes}
+                self._pick_ports()
             except BaseException:
                 self.stop()
                 raise
