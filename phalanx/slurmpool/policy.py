@@ -2,7 +2,8 @@
 
 Demand is Phalanx's own: the pending jobs whose reason says they wait for GPUs or nodes
 (`Resources`, `Priority`, `ReqNodeNotAvail`, `Infeasible`, `WouldDelayReservation`), and
-whose GPUs per node one pool node can give. The pool wants a node for every node those
+those being preempted (state PR: they are requeued in a moment, e.g. off a node that
+leaves), whose GPUs per node one pool node can give. The pool wants a node for every node those
 jobs ask for on top of the nodes busy now, within `min_nodes`..`max_nodes`:
 
     target = clamp(busy + sum(job.nodes for job in demand), min_nodes, max_nodes)
@@ -19,9 +20,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-# Pending reasons that more nodes would cure (core.decisions.ReasonCode values).
+PREEMPTED = "Preempted"  # a job being preempted (PR): it is back in the queue in a moment
+# Pending reasons that more nodes would cure (core.decisions.ReasonCode values), and jobs
+# on their way back to the queue.
 DEMAND_REASONS = frozenset(
-    {"Resources", "Priority", "ReqNodeNotAvail", "Infeasible", "WouldDelayReservation"}
+    {"Resources", "Priority", "ReqNodeNotAvail", "Infeasible", "WouldDelayReservation", PREEMPTED}
 )
 
 

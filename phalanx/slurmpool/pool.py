@@ -24,7 +24,7 @@ from phalanx.api.models import NodeInfo
 from phalanx.client.api import ApiError, PhalanxClient
 
 from .payload import AgentJob
-from .policy import Decision, Member, PendingJob, PoolLimits, decide
+from .policy import PREEMPTED, Decision, Member, PendingJob, PoolLimits, decide
 from .slurm import Slurm, SlurmError, SlurmJob, SlurmUnreachable, SubmitRefused
 
 log = logging.getLogger("phalanx.slurmpool")
@@ -118,14 +118,22 @@ class SlurmPool:
         report.slurm_jobs = {j.job_id: j.state for j in slurm_jobs}
         report.slurm_waiting = {j.job_id: j.reason for j in slurm_jobs if j.state == "PENDING"}
         try:
+            # The queue first: a job placed between the two answers then shows as busy.
+            pending = self.client.jobs(active=True, states=["PD", "PR"]).jobs
             nodes = {n.name: n for n in self.client.nodes().nodes}
-            pending = self.client.jobs(active=True, states=["PD"]).jobs
         except ApiError as e:
             return self._fail(report, f"the head did not answer ({e}); nothing changed, retrying")
-        members = self._members(slurm_jobs, nodes)
+        preempting = {j.id for j in pending if j.state == "PR"}
+        members = self._members(slurm_jobs, nodes, preempting)
         self._check_starts(report, slurm_jobs, members)
         jobs = [
-            PendingJob(j.id, j.nodes, j.gpus_per_node, j.reason, held=j.hold is not None)
+            PendingJob(
+                j.id,
+                j.nodes,
+                j.gpus_per_node,
+                PREEMPTED if j.state == "PR" else j.reason,
+                held=j.hold is not None,
+            )
             for j in pending
         ]
         decision = decide(members, jobs, self.limits)
@@ -141,7 +149,12 @@ class SlurmPool:
         self._log(report)
         return report
 
-    def _members(self, slurm_jobs: list[SlurmJob], nodes: dict[str, NodeInfo]) -> list[Member]:
+    def _members(
+        self, slurm_jobs: list[SlurmJob], nodes: dict[str, NodeInfo], preempting: set[int]
+    ) -> list[Member]:
+        """The pool's live Slurm jobs with their nodes. A job being preempted counts as
+        demand (it is requeued in a moment), so its nodes count neither as busy with it
+        nor as idle."""
         now = self.clock()
         members = []
         seen = set()
@@ -153,9 +166,10 @@ class SlurmPool:
             if info is not None and (info.reason or "").startswith(LEAVING):
                 continue  # its agent is leaving (Slurm is taking the node back)
             joined = info is not None and info.state in ("up", "drain", "draining")
-            jobs = len(info.jobs) if info is not None and joined else 0
+            held = info.jobs if info is not None and joined else []
+            jobs = sum(1 for j in held if j not in preempting)
             idle_s = None
-            if joined and jobs == 0:
+            if joined and not held:
                 since = self._idle_since.setdefault(name, now)
                 idle_s = now - since
                 seen.add(name)

@@ -128,7 +128,10 @@ def test_the_pool_grows_with_demand_replaces_a_cancelled_agent_and_shrinks_when_
     pool = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         with head.client() as api:
-            _run_the_story(slurm, api, ledger, hold, work, pool)
+            try:
+                _run_the_story(slurm, api, ledger, hold, work, pool)
+            except AssertionError as e:
+                raise AssertionError(_diagnose(e, slurm, api, tmp_path)) from None
     finally:
         pool.send_signal(signal.SIGTERM)
         pool.wait(timeout=30)
@@ -139,6 +142,19 @@ def test_the_pool_grows_with_demand_replaces_a_cancelled_agent_and_shrinks_when_
     text = (tmp_path / "pool.log").read_text()
     assert "submitted Slurm job(s)" in text and "released slurm-accept-" in text
     assert secrets["join"].read_text() not in text  # the join token is never logged
+
+
+def _diagnose(e: AssertionError, slurm: SlurmCluster, api: PhalanxClient, root: Path) -> str:
+    """What a failure needs to be understood: the jobs' events, the nodes, Slurm's queue,
+    the pool's log and the agents' logs."""
+    parts = [str(e)]
+    for job in api.jobs().jobs:
+        parts.append(describe(api, job.id))
+    parts.append(f"nodes: {[(n.name, n.state, n.reason, n.jobs) for n in api.nodes().nodes]}")
+    parts.append(f"squeue: {slurm.run('squeue', check=False).stdout}")
+    for log in [root / "pool.log", *sorted(root.glob("slurm-*.out"))]:
+        parts.append(f"--- {log.name}\n{log.read_text(errors='replace')[-4000:]}")
+    return "\n".join(parts)
 
 
 def _run_the_story(

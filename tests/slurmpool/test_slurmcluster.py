@@ -20,6 +20,16 @@ def _wait_state(slurm: SlurmCluster, job_id: str, states: set[str], timeout_s: f
     raise AssertionError(f"job {job_id} is {state}, not one of {sorted(states)}")
 
 
+def _wait_for_steps(slurm: SlurmCluster, timeout_s: float = 30) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pids = slurm.leftover_pids()
+        if pids:
+            return pids
+        time.sleep(0.1)
+    raise AssertionError("no slurmstepd or job process appeared")
+
+
 def test_sbatch_runs_on_both_nodes_with_fake_gpus_and_nothing_is_left(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
@@ -41,8 +51,8 @@ def test_sbatch_runs_on_both_nodes_with_fake_gpus_and_nothing_is_left(tmp_path: 
         # scancel: the job's processes get SIGTERM; the cluster keeps no step behind.
         long = slurm.run("sbatch", "--parsable", "--wrap", "sleep 300").stdout.strip()
         _wait_state(slurm, long, {"RUNNING"})
-        steps = slurm.leftover_pids()
-        assert steps  # its slurmstepd and the sleep
+        # Its slurmstepd and the sleep (squeue says RUNNING a moment before they start).
+        _wait_for_steps(slurm)
         slurm.run("scancel", long)
         assert _wait_state(slurm, long, {"CANCELLED"}) == "CANCELLED"
         # Without accounting storage, `sacct -c` reads the completion log (jobcomp/filetxt).
@@ -51,7 +61,7 @@ def test_sbatch_runs_on_both_nodes_with_fake_gpus_and_nothing_is_left(tmp_path: 
         running = slurm.run("sbatch", "--parsable", "--wrap", "sleep 300").stdout.strip()
         _wait_state(slurm, running, {"RUNNING"})
         daemons = list(slurm._procs.values())
-        left_running = slurm.leftover_pids()
+        left_running = _wait_for_steps(slurm)
     # Leaving the context stops the daemons and the job still running.
     assert all(p.poll() is not None for p in daemons)
     assert left_running and not any(pid_alive(pid) for pid in left_running)
