@@ -12,8 +12,9 @@ jobs, which then fail or wait a lease to be requeued. A leaving agent instead:
    checkpoint on other nodes;
 2. keeps reconciling and heartbeating, so the head hears every rank's exit and takes the
    jobs out of this node's desired state;
-3. stops (killing whatever still runs) once nothing is left here, or `grace_s` after the
-   signal, whichever comes first.
+3. stops (killing whatever still runs) once nothing is left here — after one last
+   heartbeat, so the head settles the jobs' stops at once — or `grace_s` after the signal,
+   whichever comes first.
 
 The call to the head is made before the event loop runs anything else, so the head has
 noticed the jobs before it hears of a rank that the same signal ended (Slurm signals every
@@ -144,6 +145,9 @@ class Leaver:
                 log.warning("leaving: grace over; stopping what still runs here")
             else:
                 log.info("leaving: no job left here; stopping")
+                # The head learns at once that nothing runs here any more (it settles the
+                # jobs' stops now, not when this node's lease runs out).
+                await self.link.last_beat()
         finally:
             self.stop.set()
 
