@@ -28,6 +28,10 @@ LIVE_STATES = frozenset(
     {"PENDING", "CONFIGURING", "RUNNING", "RESIZING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD"}
 )
 FIELD_SEP = "|"
+# sbatch exports the submitter's environment to the job (--export=ALL): never the pool's
+# own credentials. The agent reads its join token from its file, and gives jobs none of
+# its environment anyway.
+SECRET_ENV = ("PHALANX_TOKEN", "PHALANX_JOIN_TOKEN", "PHALANX_HEAD", "PHALANX_CONTEXT")
 
 
 class SlurmError(RuntimeError):
@@ -79,7 +83,9 @@ class Slurm:
     def _cmd(self, name: str) -> str:
         return os.path.join(self.bin_dir, name) if self.bin_dir else name
 
-    def _run(self, argv: Sequence[str], stdin: str | None = None) -> str:
+    def _run(
+        self, argv: Sequence[str], stdin: str | None = None, env: Mapping[str, str] | None = None
+    ) -> str:
         what = " ".join(argv[:1])
         try:
             done = subprocess.run(
@@ -87,7 +93,7 @@ class Slurm:
                 input=stdin,
                 capture_output=True,
                 text=True,
-                env=self.env,
+                env=dict(self.env if env is None else env),
                 timeout=self.timeout_s,
                 check=False,
             )
@@ -110,7 +116,8 @@ class Slurm:
 
     def submit(self, script: str, options: Sequence[str]) -> str:
         """sbatch the script (on stdin) with `options`; the new job's id."""
-        out = self._run(["sbatch", "--parsable", *options], stdin=script).strip()
+        env = {k: v for k, v in self.env.items() if k not in SECRET_ENV}
+        out = self._run(["sbatch", "--parsable", *options], stdin=script, env=env).strip()
         job_id = out.split(";", 1)[0]  # `--parsable` prints "ID" or "ID;CLUSTER"
         if not job_id.isdigit():
             raise SlurmError(f"sbatch: unexpected answer {out[:200]!r} (no job id)")

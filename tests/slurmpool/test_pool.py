@@ -106,6 +106,21 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def environments_holding(secret: str) -> list[int]:
+    """Pids of live processes whose environment holds `secret`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if secret.encode() in environ and pid_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
 def ledger_steps(ledger: Path, epoch: int) -> list[dict[str, object]]:
     return [e for e in workload.read_ledger(ledger) if e["epoch"] == epoch]
 
@@ -123,13 +138,14 @@ def test_the_pool_grows_with_demand_replaces_a_cancelled_agent_and_shrinks_when_
     argv += ["--leave-grace", "10", "--address", "127.0.0.1", "--agent-arg=--fake-gpus=2"]
     argv += ["--agent-ca-file", str(head.ca_file), "--state-root", str(tmp_path / "agents")]
     argv += ["--output", str(tmp_path / "slurm-%j.out")]
-    env = {**slurm.env(), CA_FILE_ENV: str(head.ca_file)}
+    # The admin token also in the pool's environment: sbatch must not pass it on.
+    env = {**slurm.env(), CA_FILE_ENV: str(head.ca_file), "PHALANX_TOKEN": head.admin_token}
     log = (tmp_path / "pool.log").open("wb")
     pool = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         with head.client() as api:
             try:
-                _run_the_story(slurm, api, ledger, hold, work, pool)
+                _run_the_story(slurm, api, ledger, hold, work, pool, head.admin_token)
             except AssertionError as e:
                 raise AssertionError(_diagnose(e, slurm, api, tmp_path)) from None
     finally:
@@ -164,6 +180,7 @@ def _run_the_story(
     hold: Path,
     work: Path,
     pool: subprocess.Popen[bytes],
+    admin_token: str,
 ) -> None:
     # No node at all: a 2-node job waits, and that demand makes the pool ask Slurm for two.
     spec = JobSpec(
@@ -177,6 +194,7 @@ def _run_the_story(
     first = wait_state(api, job_id, "R", timeout=60)
     nodes = [p.node for p in first.placement]
     assert all(n.startswith("slurm-accept-") for n in nodes), nodes
+    assert environments_holding(admin_token) == [pool.pid]  # not the agents, nor the job
     started = pool_jobs(slurm, "accept")
     assert started == {n.removeprefix("slurm-accept-"): "RUNNING" for n in nodes}
     wait_for(
