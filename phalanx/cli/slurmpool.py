@@ -6,12 +6,15 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from phalanx.cli.connect import HeadOpt, TokenOpt, connect
 from phalanx.cli.output import fail
+
+if TYPE_CHECKING:
+    from phalanx.client.api import PhalanxClient
 
 
 def slurm_pool(
@@ -186,6 +189,7 @@ def slurm_pool(
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     with connect(head, token) as client:
+        _check_admin(client)
         job = AgentJob(
             pool=name,
             head_url=agent_head or ",".join(client.urls),
@@ -223,3 +227,18 @@ def slurm_pool(
             gpus_per_node,
         )
         pool.run(stop, interval)
+
+
+def _check_admin(client: PhalanxClient) -> None:
+    """The pool drains and forgets nodes and reads every user's queue: an admin token.
+    A head that does not answer yet is no reason not to start (the loop retries)."""
+    from phalanx.client.api import ApiError, HeadUnreachable
+
+    try:
+        me = client.whoami()
+    except HeadUnreachable:
+        return
+    except ApiError as e:
+        fail(f"the head refused the token: {e}")
+    if me.role != "admin":
+        fail(f"phalanx slurm-pool needs an admin token (this one is {me.user}'s, a {me.role})")

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from phalanx.api.models import NodeInfo
-from phalanx.client.api import ApiError, PhalanxClient
+from phalanx.client.api import ApiError, HeadUnreachable, PhalanxClient
 
 from .payload import AgentJob
 from .policy import PREEMPTED, Decision, Member, PendingJob, PoolLimits, decide
@@ -121,8 +121,10 @@ class SlurmPool:
             # The queue first: a job placed between the two answers then shows as busy.
             pending = self.client.jobs(active=True, states=["PD", "PR"]).jobs
             nodes = {n.name: n for n in self.client.nodes().nodes}
-        except ApiError as e:
+        except HeadUnreachable as e:
             return self._fail(report, f"the head did not answer ({e}); nothing changed, retrying")
+        except ApiError as e:
+            return self._fail(report, f"the head refused ({e}); nothing changed, retrying")
         preempting = {j.id for j in pending if j.state == "PR"}
         members = self._members(slurm_jobs, nodes, preempting)
         self._check_starts(report, slurm_jobs, members)

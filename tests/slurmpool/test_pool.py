@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from phalanx.api.models import JobInfo, JobSpec
+from phalanx.api.models import JobInfo, JobSpec, UserCreate
 from phalanx.client.api import PhalanxClient
 from phalanx.local import LocalCluster
 from phalanx.local.cluster import free_port
@@ -327,3 +327,20 @@ def test_a_head_that_does_not_answer_changes_nothing(
     assert not report["ok"] and report["submitted"] == []
     assert "the head did not answer" in report["problem"] and nobody in report["problem"]
     assert pool_jobs(slurm, "headless") == {}
+
+
+def test_the_pool_needs_an_admin_token(
+    slurm: SlurmCluster, head: LocalCluster, secrets: dict[str, Path], tmp_path: Path
+) -> None:
+    with head.client() as api:
+        api.create_user(UserCreate(name="pooluser"))
+        user_token = tmp_path / "user.token"
+        user_token.write_text(api.create_token("pooluser").token)
+    argv = [sys.executable, "-m", "phalanx", "slurm-pool", "--once", "--head", head.url]
+    argv += ["--token-file", str(user_token), "--join-token-file", str(secrets["join"])]
+    argv += ["--gpus-per-node", "2"]
+    env = {**slurm.env(), CA_FILE_ENV: str(head.ca_file)}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 2 and done.stdout == ""
+    assert "needs an admin token (this one is pooluser's, a user)" in done.stderr
