@@ -76,16 +76,17 @@ class Slurm:
         timeout_s: float = 60.0,
     ) -> None:
         self.bin_dir = bin_dir
-        self.env = dict(os.environ if env is None else env)
+        # Slurm's commands need none of the pool's credentials (and sbatch would export
+        # them to the job).
+        base = os.environ if env is None else env
+        self.env = {k: v for k, v in base.items() if k not in SECRET_ENV}
         self.timeout_s = timeout_s
         self.user = current_user()
 
     def _cmd(self, name: str) -> str:
         return os.path.join(self.bin_dir, name) if self.bin_dir else name
 
-    def _run(
-        self, argv: Sequence[str], stdin: str | None = None, env: Mapping[str, str] | None = None
-    ) -> str:
+    def _run(self, argv: Sequence[str], stdin: str | None = None) -> str:
         what = " ".join(argv[:1])
         try:
             done = subprocess.run(
@@ -93,7 +94,7 @@ class Slurm:
                 input=stdin,
                 capture_output=True,
                 text=True,
-                env=dict(self.env if env is None else env),
+                env=self.env,
                 timeout=self.timeout_s,
                 check=False,
             )
@@ -116,8 +117,7 @@ class Slurm:
 
     def submit(self, script: str, options: Sequence[str]) -> str:
         """sbatch the script (on stdin) with `options`; the new job's id."""
-        env = {k: v for k, v in self.env.items() if k not in SECRET_ENV}
-        out = self._run(["sbatch", "--parsable", *options], stdin=script, env=env).strip()
+        out = self._run(["sbatch", "--parsable", *options], stdin=script).strip()
         job_id = out.split(";", 1)[0]  # `--parsable` prints "ID" or "ID;CLUSTER"
         if not job_id.isdigit():
             raise SlurmError(f"sbatch: unexpected answer {out[:200]!r} (no job id)")

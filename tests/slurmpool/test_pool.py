@@ -53,6 +53,13 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
+@pytest.fixture(autouse=True)
+def no_slurm_job_left(slurm: SlurmCluster) -> Iterator[None]:
+    """Each test starts with both Slurm nodes free, whatever the one before left."""
+    yield
+    slurm.cancel_all()
+
+
 @pytest.fixture(scope="module")
 def secrets(head: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("secrets")
