@@ -162,6 +162,11 @@ def slurm_pool(
 
     if min_nodes > max_nodes:
         fail(f"--min {min_nodes} is more than --max {max_nodes}")
+    if time_limit and leave_grace >= leave_before:
+        fail(
+            f"--leave-grace {leave_grace:g} must be less than --leave-before {leave_before}: "
+            "the jobs must be requeued before the time limit ends the agent"
+        )
     if not join_token_file.is_absolute():
         fail(f"--join-token-file must be an absolute path (the nodes read it): {join_token_file}")
     try:

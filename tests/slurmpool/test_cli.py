@@ -30,6 +30,10 @@ POOL = ["slurm-pool", "--head", "https://127.0.0.1:1", "--gpus-per-node", "2"]
     ("flags", "message"),
     [
         (["--min", "3", "--max", "2"], "--min 3 is more than --max 2"),
+        (
+            ["--time", "1:00:00", "--leave-before", "60", "--leave-grace", "90"],
+            "--leave-grace 90 must be less than --leave-before 60",
+        ),
         (["--state-root", "relative/dir"], "--state-root must be an absolute path"),
         (["--name", "a b"], "--name 'a b': letters, digits, - and _ only"),
         (["--sbatch-arg", "account=ml"], "--sbatch-arg: 'account=ml' is not an option"),
