@@ -31,6 +31,7 @@ from .headlink import _headers as headlink_headers
 from .health import EVENTS_FILE, EventQueue, HealthMonitor, check_problem
 from .identity import sane_env
 from .jobmap import JobMapWriter, expand
+from .leave import Leaver
 from .processes import ProcessManager
 from .reconcile import LaunchContext, Reconciler
 from .server import create_app
@@ -81,6 +82,10 @@ class AgentConfig:
     # node's name); None: none written.
     hpc_job_mapping_dir: str | None = None
     metrics_token_file: Path | None = None  # the token that may scrape /metrics (besides the head)
+    # SIGTERM: "stop" kills the jobs and exits; "leave" has them noticed and requeued
+    # first, within leave_grace_s (an agent running as a Slurm job: agent/leave.py).
+    on_sigterm: str = "stop"
+    leave_grace_s: float = 60.0
 
 
 class _Server(uvicorn.Server):
@@ -317,6 +322,8 @@ async def _run(
             max_outage_s=cfg.max_outage_s,
             lease_until=survivors.deadline,
         )
+        if cfg.on_sigterm == "leave" and threading.current_thread() is threading.main_thread():
+            Leaver(link, reconciler, stop, cfg.leave_grace_s).install(loop)
         shipping = _start_telemetry(cfg, gpus, reconciler, link, survivals, stop, ca_pem)
         # Fences the jobs should this process be frozen or killed (it cannot, then).
         guard = start_guard(state_dir)

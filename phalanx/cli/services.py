@@ -396,6 +396,23 @@ def agent(
             show_default=False,
         ),
     ] = None,
+    on_sigterm: Annotated[
+        str,
+        typer.Option(
+            help="What SIGTERM means: `stop` ends the jobs here and exits; `leave` (an agent "
+            "run as a Slurm job) drains the node and has its jobs noticed, checkpointed and "
+            "requeued first, then exits (docs/slurm.md).",
+        ),
+    ] = "stop",
+    leave_grace: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=86400,
+            help="With --on-sigterm leave: seconds the jobs get to checkpoint and requeue "
+            "before the agent exits anyway (keep it below Slurm's KillWait).",
+        ),
+    ] = 60.0,
 ) -> None:
     """Run an agent on this server: join the head, run the jobs it assigns (blocks)."""
     import logging
@@ -407,6 +424,8 @@ def agent(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
+    if on_sigterm not in ("stop", "leave"):
+        fail(f"--on-sigterm must be `stop` or `leave` (got {on_sigterm!r})")
     join_token = _join_token(token, token_file)
     node_name = name or socket.gethostname()
     directory = state_dir or Path(typer.get_app_dir("phalanx")) / f"agent-{node_name}"
@@ -432,6 +451,8 @@ def agent(
         telemetry_ship_s=telemetry_ship,
         hpc_job_mapping_dir=hpc_job_mapping_dir,
         metrics_token_file=metrics_token_file,
+        on_sigterm=on_sigterm,
+        leave_grace_s=leave_grace,
     )
     try:
         run_agent(config)

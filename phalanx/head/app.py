@@ -35,6 +35,7 @@ from phalanx.head import (
     execproxy,
     jobcontrol,
     jobs,
+    leaving,
     metricsapi,
     selfcontrol,
     telemetry_api,
@@ -292,6 +293,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     )
     app.state.head = head
     app.include_router(usage_routes.router)  # idle GPUs, idle policies, usage reports
+    app.include_router(leaving.router)  # a node leaving on purpose (Slurm allocation end)
 
     keys = jobs.SubmitKeys()  # idempotency keys of live jobs (the control thread's)
     app.add_middleware(BodyLimit)
