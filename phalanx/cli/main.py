@@ -19,6 +19,7 @@ from phalanx.cli.logs import logs
 from phalanx.cli.nodes import drain, nodes, resume
 from phalanx.cli.report import idle, report
 from phalanx.cli.services import agent, head, up
+from phalanx.cli.slurmshims import slurm_shims
 from phalanx.cli.submit import SubmitCommand, submit
 from phalanx.cli.tokens import token_app
 from phalanx.cli.top import top
@@ -92,6 +93,7 @@ app.add_typer(local_app, name="local")
 app.command("up")(up)
 app.command("head")(head)
 app.command("agent")(agent)
+app.command("slurm-shims")(slurm_shims)
 
 
 @app.command("version")

@@ -6,7 +6,7 @@ import re
 
 NO_VAL = 4_294_967_294  # what Slurm writes for %a in a job that is not an array task
 MAX_PAD = 10  # Slurm caps the zero padding of `%<n>j` at 10 digits
-_TOKEN = re.compile(r"%(?:%|([0-9]*)([jxtNunAa]))")
+_TOKEN = re.compile(r"%(?:%|([0-9]*)([jJxtNunAa]))")
 
 
 def expand_pattern(
@@ -23,8 +23,10 @@ def expand_pattern(
 ) -> str:
     """Fill in a Slurm filename pattern, as sbatch does for `--output` and `--error`.
 
-    `%j` job id, `%x` job name, `%t` task (rank), `%N` node name, `%n` node index in the
-    job, `%u` user, `%A` array master job id, `%a` array task id, `%%` a literal `%`.
+    `%j` job id, `%J` the same (Slurm's `jobid.stepid` is the job id outside a step: the
+    batch script, or a rank here), `%x` job name, `%t` task (rank), `%N` node name, `%n`
+    node index in the job, `%u` user, `%A` array master job id, `%a` array task id, `%%` a
+    literal `%`.
     A number after `%` zero-pads numeric values (`%5j` → `00042`; at most 10, ignored for
     text). Outside an array, `%A` is the job id and `%a` is 4294967294, as in Slurm. A
     pattern containing a backslash is not expanded; its backslashes are removed (Slurm's
@@ -35,6 +37,7 @@ def expand_pattern(
     in_array = array_task_id is not None
     numbers = {
         "j": job_id,
+        "J": job_id,  # jobid.stepid in Slurm; the batch step and ranks add no step id
         "t": task,
         "n": node_id,
         "A": array_job_id if in_array and array_job_id is not None else job_id,

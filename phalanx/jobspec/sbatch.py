@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.options import SubmitOptions
@@ -78,8 +79,8 @@ _UNSUPPORTED_WITH_VALUE = {
     "container-id": None, "core-spec": "S", "cores-per-socket": None, "cpu-bind": None,
     "cpu-freq": None, "cpus-per-gpu": None, "deadline": None, "delay-boot": None,
     "distribution": "m", "export-file": None, "extra-node-info": "B", "gid": None,
-    "gpu-bind": None, "gpu-freq": None, "gres-flags": None, "hint": None, "input": "i",
-    "kill-on-invalid-dep": None, "licenses": "L",
+    "gpu-bind": None, "gpu-freq": None, "gpus-per-socket": None, "gres-flags": None,
+    "hint": None, "input": "i", "kill-on-invalid-dep": None, "licenses": "L",
     "mcs-label": None, "mem-bind": None, "mem-per-cpu": None, "mem-per-gpu": None,
     "mincpus": None, "network": None, "nodefile": "F",
     "ntasks-per-core": None, "ntasks-per-gpu": None, "ntasks-per-socket": None,
@@ -94,7 +95,8 @@ _UNSUPPORTED_FLAGS = {
     "contiguous": None, "get-user-env": None, "hold": "H", "ignore-pbs": None,
     "immediate": "I", "nice": None, "no-kill": "k", "overcommit": "O", "parsable": None,
     "propagate": None, "quiet": "Q", "reboot": None, "spread-job": None, "test-only": None,
-    "use-min-nodes": None, "verbose": "v", "wait": "W",
+    "use-min-nodes": None, "verbose": "v", "wait": "W", "help": "h", "usage": None,
+    "version": "V",
 }  # fmt: skip
 
 _OPTIONS = [
@@ -141,6 +143,11 @@ def parse_sbatch(text: str) -> tuple[SubmitOptions, list[str]]:
     """
     opts = SubmitOptions()
     warnings: list[str] = []
+    _parse_script(text, opts, warnings, Seen(frozenset(), {}, _BY_LONG, _BY_SHORT))
+    return opts, warnings
+
+
+def _parse_script(text: str, opts: SubmitOptions, warnings: list[str], seen: Seen) -> None:
     lines = text.splitlines()
     body_start = len(lines)
     for index, line in enumerate(lines):
@@ -154,14 +161,13 @@ def parse_sbatch(text: str) -> tuple[SubmitOptions, list[str]]:
         if _is_directive(stripped) and not _is_directive(line):
             warnings.append(f"line {number}: an indented {_DIRECTIVE} is only a comment; ignored")
         elif _is_directive(line):
-            _parse_line(line[len(_DIRECTIVE) :], number, opts, warnings)
+            _parse_line(line[len(_DIRECTIVE) :], number, opts, warnings, seen)
     for index in range(body_start, len(lines)):
         if _is_directive(lines[index]):
             warnings.append(
                 f"line {index + 1}: {_DIRECTIVE} after the first command is ignored "
                 "(as sbatch does); move it to the top of the script"
             )
-    return opts, warnings
 
 
 def _is_directive(line: str) -> bool:
@@ -169,50 +175,165 @@ def _is_directive(line: str) -> bool:
     return line.startswith(_DIRECTIVE) and (not rest or rest[0].isspace())
 
 
-def _parse_line(rest: str, number: int, opts: SubmitOptions, warnings: list[str]) -> None:
+def _parse_line(
+    rest: str, number: int, opts: SubmitOptions, warnings: list[str], seen: Seen
+) -> None:
     try:
         tokens = shlex.split(_strip_comment(rest))
     except ValueError as exc:
         raise JobSpecError(f"line {number}: cannot read {_DIRECTIVE} line: {exc}") from exc
+    if tokens and tokens[0] == "hetjob":
+        raise JobSpecError(f"line {number}: {HETJOB_REFUSAL}")
+    _parse_tokens(tokens, f"line {number}: ", opts, warnings, seen, stop_at_argument=False)
+
+
+@dataclass
+class Seen:
+    """The options a caller honours itself (long names, e.g. `parsable`, `wrap`), and the
+    value of each one given (None for a flag); `by_long`/`by_short`: the option table."""
+
+    handled: frozenset[str]
+    values: dict[str, str | None]
+    by_long: dict[str, _Option]
+    by_short: dict[str, _Option]
+    unknown: list[str] = field(default_factory=list)  # options neither sbatch nor Phalanx has
+
+
+# Why heterogeneous jobs are refused (docs/slurm.md says the same): their components are
+# separate allocations with their own sizes started together, and a Phalanx job is one
+# gang of identical nodes; splitting one into several jobs would lose the gang start.
+HETJOB_REFUSAL = (
+    "heterogeneous jobs (hetjob, ':' between components) are not supported by Phalanx: a "
+    "job is one gang of identical nodes; submit the components as separate jobs, or one "
+    "job sized for the largest component"
+)
+
+
+def _parse_tokens(
+    tokens: list[str],
+    where: str,
+    opts: SubmitOptions,
+    warnings: list[str],
+    seen: Seen,
+    *,
+    stop_at_argument: bool,
+) -> list[str]:
+    """Apply options from `tokens` to `opts`; returns the tokens not read (the script and
+    its arguments, on a command line, when `stop_at_argument`). Options `seen.handled`
+    names are recorded in `seen.values` instead: the caller honours them."""
     i = 0
     while i < len(tokens):
         token = tokens[i]
+        if stop_at_argument and (token == "-" or not token.startswith("-")):
+            return tokens[i:]
         i += 1
+        if stop_at_argument and token == "--":
+            return tokens[i:]
         value: str | None
         if token.startswith("--") and len(token) > 2:
             name, eq, inline = token[2:].partition("=")
             value = inline if eq else None
-            opt = _lookup_long(name)
+            opt = _lookup_long(name, seen.by_long)
             if opt is None:
                 label = f"--{name}"
-                hint = did_you_mean(name, _BY_LONG, prefix="--")
-                if value is None and i < len(tokens) and not tokens[i].startswith("-"):
+                hint = did_you_mean(name, seen.by_long, prefix="--")
+                if (
+                    not stop_at_argument
+                    and value is None
+                    and i < len(tokens)
+                    and not tokens[i].startswith("-")
+                ):
                     label, i = f"{label} {tokens[i]}", i + 1
-                warnings.append(f"line {number}: unknown option {label}{hint}; ignored")
+                warnings.append(f"{where}unknown option {label}{hint}; ignored")
+                seen.unknown.append(f"--{name}")
                 continue
             shown = f"--{opt.long}"
         elif token.startswith("-") and len(token) > 1 and token[1] != "-":
-            opt = _BY_SHORT.get(token[1])
+            opt = seen.by_short.get(token[1])
             value = token[2:] or None
-            if opt is None or (value is not None and not opt.takes_value):
-                warnings.append(f"line {number}: unknown option {token}; ignored")
+            if opt is not None and value is not None and not opt.takes_value:
+                # A cluster of flags (`-Hv`): this one, then the rest as their own token.
+                tokens = [*tokens[:i], "-" + value, *tokens[i:]]
+                value = None
+            if opt is None:
+                warnings.append(f"{where}unknown option {token}; ignored")
+                seen.unknown.append(token[:2])
                 continue
             shown = f"-{opt.short}/--{opt.long}"
         else:
-            warnings.append(f"line {number}: unexpected argument {token!r}; ignored")
+            warnings.append(f"{where}unexpected argument {token!r}; ignored")
             continue
         if opt.takes_value and value is None:
             if i >= len(tokens):
-                raise JobSpecError(f"line {number}: {shown} needs a value")
+                raise JobSpecError(f"{where}{shown} needs a value")
             value, i = tokens[i], i + 1
-        if opt.field is None:
-            warnings.append(f"line {number}: {shown} is not supported by Phalanx; ignored")
+        if opt.long in seen.handled:
+            seen.values[opt.long] = value
+        elif opt.field is None:
+            warnings.append(f"{where}{shown} is not supported by Phalanx; ignored")
         elif not opt.takes_value and value is not None:
             warnings.append(
-                f"line {number}: {shown}={value} is not supported (only a plain {shown}); ignored"
+                f"{where}{shown}={value} is not supported (only a plain {shown}); ignored"
             )
         else:
             setattr(opts, opt.field, value if opt.takes_value else opt.flag_value)
+    return []
+
+
+@dataclass
+class CommandLine:
+    """Options read from an sbatch command line or a script's `#SBATCH` lines."""
+
+    opts: SubmitOptions
+    warnings: list[str]
+    seen: dict[str, str | None]  # the `handled` options given, by long name: their value
+    arguments: list[str]  # command line: the script and its arguments (empty: none given)
+    unknown: list[str]  # options no Slurm command has (`--frobnicate`), as given
+
+
+def _seen(handled: frozenset[str], extra: Sequence[tuple[str, str | None, bool]] = ()) -> Seen:
+    """The table for one parse: sbatch's options, with `extra` (long, short, takes a
+    value) added or replacing sbatch's of the same name; every extra one is handled."""
+    by_long = dict(_BY_LONG)
+    by_short = dict(_BY_SHORT)
+    for long, short, takes_value in extra:
+        by_long[long] = _Option(long, short, None, takes_value)
+        if short:
+            by_short[short] = by_long[long]
+    unknown = sorted(name for name in handled if name not in by_long)
+    if unknown:
+        raise ValueError(f"not sbatch options: {unknown}")
+    return Seen(handled | {long for long, _, _ in extra}, {}, by_long, by_short)
+
+
+def parse_sbatch_argv(
+    argv: list[str],
+    handled: frozenset[str] = frozenset(),
+    extra: Sequence[tuple[str, str | None, bool]] = (),
+) -> CommandLine:
+    """Read an sbatch command line as sbatch does (getopt, stopping at the first argument,
+    which is the script). Options named in `handled` (long names of options Phalanx does
+    not turn into a JobSpec field, such as `parsable` or `wrap`) are returned in `seen`
+    for the caller to honour instead of being warned about; so are `extra` options
+    (long, short, takes a value) that sbatch lacks (srun's and salloc's own). A `:` after
+    the options (a heterogeneous job) raises JobSpecError."""
+    opts = SubmitOptions()
+    warnings: list[str] = []
+    seen = _seen(handled, extra)
+    rest = _parse_tokens(list(argv), "", opts, warnings, seen, stop_at_argument=True)
+    if rest[:1] == [":"]:
+        raise JobSpecError(HETJOB_REFUSAL)
+    return CommandLine(opts, warnings, seen.values, rest, seen.unknown)
+
+
+def parse_sbatch_script(text: str, handled: frozenset[str] = frozenset()) -> CommandLine:
+    """`parse_sbatch`, with the `handled` options of `parse_sbatch_argv` returned in
+    `seen` rather than warned about."""
+    opts = SubmitOptions()
+    warnings: list[str] = []
+    seen = _seen(handled)
+    _parse_script(text, opts, warnings, seen)
+    return CommandLine(opts, warnings, seen.values, [], seen.unknown)
 
 
 def _strip_comment(rest: str) -> str:
@@ -240,9 +361,9 @@ def _strip_comment(rest: str) -> str:
     return rest
 
 
-def _lookup_long(name: str) -> _Option | None:
+def _lookup_long(name: str, by_long: dict[str, _Option]) -> _Option | None:
     """An exact long name, or an unambiguous prefix of one (getopt_long allows both)."""
-    if name in _BY_LONG:
-        return _BY_LONG[name]
-    matches = [opt for long, opt in _BY_LONG.items() if long.startswith(name)]
+    if name in by_long:
+        return by_long[name]
+    matches = [opt for long, opt in by_long.items() if long.startswith(name)]
     return matches[0] if len(matches) == 1 else None
