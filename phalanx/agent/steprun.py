@@ -17,6 +17,7 @@ from phalanx.api import version
 from phalanx.api.models import LogChunk, StepLaunch, StepStatus
 from phalanx.tls import CA_PEM_ENV
 
+from .stepfiles import TaskFiles
 from .stepplan import JobContext, NodeTasks, SrunError
 
 _MAX_STEP_TRIES = 50
@@ -96,9 +97,16 @@ class StepRun:
     """One launched step: its agents, its tasks' output offsets, their exits."""
 
     def __init__(
-        self, client: Http, job: JobContext, plan: list[NodeTasks], cwd: str, label: bool
+        self,
+        client: Http,
+        job: JobContext,
+        plan: list[NodeTasks],
+        cwd: str,
+        label: bool,
+        files: TaskFiles | None = None,
     ) -> None:
         self.client = client
+        self.files = files  # -o/-e: tasks' streams to files instead of srun's own
         self.job = job
         self.plan = plan
         self.cwd = cwd
@@ -188,7 +196,8 @@ class StepRun:
     def _emit(self, key: tuple[str, int, str], text: str) -> str:
         """Write complete lines (labelled with `-l`), so tasks' lines never interleave
         mid-line; return the unfinished rest."""
-        out: TextIO = sys.stdout if key[2] == "stdout" else sys.stderr
+        own: TextIO = sys.stdout if key[2] == "stdout" else sys.stderr
+        out = (self.files.target(key[2], key[1], key[0]) if self.files else None) or own
         *lines, rest = text.split("\n")
         prefix = f"{key[1]}: " if self.label else ""
         if lines:

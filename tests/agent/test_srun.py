@@ -28,11 +28,13 @@ class Cluster:
     env: dict[str, str]  # what job 7's batch script sees on node 0
     workdir: Path
 
-    def sh(self, script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def sh(
+        self, script: str, timeout: float = 60, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run `script` with bash as job 7's batch script would (srun/scontrol on PATH)."""
         return subprocess.run(
             ["bash", "-c", script],
-            env=self.env,
+            env={**self.env, **(env or {})},
             cwd=self.workdir,
             capture_output=True,
             text=True,
@@ -99,6 +101,39 @@ def test_srun_nodelist_and_stderr(cluster: Cluster) -> None:
     logs = cluster.agents[1].ctx.state_dir / "logs" / "7" / "e1"
     [task_err] = list(logs.glob("step-*/task-0.err"))
     assert task_err.read_text() == "oops\n"
+
+
+def test_srun_output_and_error_files_per_task(cluster: Cluster) -> None:
+    """submitit's form: `srun --unbuffered --output DIR/%j_%t_log.out --error …`; each
+    task's streams go to its own file, appended after what the batch script wrote."""
+    out = cluster.workdir / "7_0_log.out"
+    out.write_text("batch line\n")
+    r = cluster.sh(
+        "srun -vv --unbuffered --output %j_%t_log.out --error=%j_%t_%N.err -n 3 "
+        "bash -c 'echo out $SLURM_PROCID; echo err $SLURM_PROCID >&2'",
+        env={"SLURM_OPEN_MODE": "append"},
+    )
+    assert (r.returncode, r.stdout) == (0, "")
+    assert out.read_text() == "batch line\nout 0\n"
+    assert (cluster.workdir / "7_2_log.out").read_text() == "out 2\n"
+    assert (cluster.workdir / "7_1_127.0.0.2.err").read_text() == "err 1\n"
+    assert (cluster.workdir / "7_2_127.0.0.3.err").read_text() == "err 2\n"
+    # Without a per-task field every task shares one file; truncate (Slurm's default)
+    # empties it once, `none` discards a stream.
+    (cluster.workdir / "all.out").write_text("old\n")
+    r = cluster.sh("srun -n 2 -o all.out -e none bash -c 'echo t$SLURM_PROCID; echo x >&2'")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    assert sorted((cluster.workdir / "all.out").read_text().splitlines()) == ["t0", "t1"]
+
+
+def test_srun_output_file_errors_are_clean(cluster: Cluster) -> None:
+    r = cluster.sh("srun -n 1 --open-mode=sideways -o x.out true")
+    assert r.returncode == 1
+    assert r.stderr.strip() == "srun: error: --open-mode=sideways: expected append or truncate"
+    r = cluster.sh("srun -n 1 -o /nonexistent/dir/x.out echo hi")
+    assert r.returncode == 1
+    assert "srun: error: cannot open stdout file /nonexistent/dir/x.out" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_srun_exit_code_is_the_worst_task(cluster: Cluster) -> None:

@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import cloudpickle
 import pytest
@@ -22,6 +23,8 @@ import submitit
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
 from tests.slurmcli.clientenv import ShimCluster, shim_cluster, wait_for
+
+R = TypeVar("R")
 
 # The functions below travel to the jobs by value: the job's interpreter need not import
 # this test module (or pytest).
@@ -38,6 +41,13 @@ def sacct_state(job: submitit.Job[object]) -> str:
     """The job's state as submitit reads it from `sacct` (asked now, not from its cache)."""
     state: str = job.watcher.get_state(job.job_id, mode="force")
     return state
+
+
+def result(job: submitit.Job[R], timeout: float = 90.0) -> R:
+    """The job's result, as `job.result()` gives it, but failing the test (not hanging it)
+    if submitit does not see the job end in time."""
+    wait_for(f"job {job.job_id} to end", lambda: job.done() or None, timeout)
+    return job.result()
 
 
 def executor(folder: Path, **parameters: object) -> submitit.AutoExecutor:
@@ -70,7 +80,7 @@ def test_a_function_runs_as_a_slurm_job_and_returns_its_result(
 ) -> None:
     job = executor(tmp_path / "jobs", name="adder").submit(where_am_i, 2, 3)
     assert job.job_id.isdigit()
-    total, job_id, executor_name, cwd = job.result()
+    total, job_id, executor_name, cwd = result(job)
     assert (total, job_id, executor_name) == (5, job.job_id, "slurm")
     assert cwd == os.getcwd()  # the job runs in the submit directory
     # srun's --output (with %j and %t) inside the job took the function's print.
@@ -85,7 +95,7 @@ def test_a_function_runs_as_a_slurm_job_and_returns_its_result(
 def test_an_exception_in_the_job_reaches_the_caller(slurm: ShimCluster, tmp_path: Path) -> None:
     job = executor(tmp_path / "jobs").submit(boom)
     with pytest.raises(FailedJobError, match="boom from inside the job"):
-        job.result()
+        result(job)
 
 
 def test_map_array_runs_a_job_array_with_its_parallelism_limit(
@@ -95,7 +105,7 @@ def test_map_array_runs_a_job_array_with_its_parallelism_limit(
     jobs = ex.map_array(square, [1, 2, 3, 4])
     array_id = jobs[0].job_id.split("_")[0]
     assert [j.job_id for j in jobs] == [f"{array_id}_{i}" for i in range(4)]
-    results = [j.result() for j in jobs]
+    results = [result(j) for j in jobs]
     assert results == [(x * x, array_id, str(i)) for i, x in enumerate([1, 2, 3, 4])]
     states = {j.job_id: sacct_state(j) for j in jobs}
     assert set(states.values()) == {"COMPLETED"}, states
@@ -113,7 +123,7 @@ def test_a_cancelled_job_ends_cancelled_and_has_no_result(
     assert cancelled
     assert job.done()
     with pytest.raises(UncompletedJobError):
-        job.result()
+        result(job)
 
 
 def _read(path: Path) -> str:
@@ -153,7 +163,7 @@ def test_a_checkpointable_job_preempted_requeues_itself_and_resumes(
     # submitit's own preemption path: `scancel N --signal SIGTERM`, then `--signal USR2`;
     # its handler checkpoints and runs `scontrol requeue N` inside the job.
     job._interrupt()  # type: ignore[attr-defined]
-    done, first, restarts = job.result()
+    done, first, restarts = result(job)
     assert (done, first, restarts) == (10, 5, "1")
     assert sacct_state(job) == "COMPLETED"
     with slurm.cluster.client() as api:
