@@ -23,6 +23,12 @@ def tasks_per_node(a: Assignment) -> int:
     return a.ntasks_per_node or 1
 
 
+def _tasks_per_node_list(a: Assignment) -> str:
+    """SLURM_TASKS_PER_NODE in Slurm's compressed form: `4(x2)` for 4 on each of 2 nodes."""
+    n = len(a.nodes)
+    return f"{tasks_per_node(a)}(x{n})" if n > 1 else str(tasks_per_node(a))
+
+
 def ntasks(a: Assignment) -> int:
     """SLURM_NTASKS: nodes × tasks per node."""
     return len(a.nodes) * tasks_per_node(a)
@@ -112,6 +118,10 @@ def job_env(
             "SLURM_RESTART_COUNT": str(a.restart_count),
             "SLURM_SUBMIT_DIR": a.submit_dir,
             "SLURM_GPUS_ON_NODE": str(len(a.gpus)),
+            "SLURM_GPUS_PER_NODE": str(a.gpus_per_node),
+            "SLURM_GPUS": str(a.gpus_per_node * len(a.nodes)),
+            "SLURM_TASKS_PER_NODE": _tasks_per_node_list(a),
+            "SLURM_CLUSTER_NAME": "phalanx",
             "SLURM_JOB_GPUS": gpus,
             "CUDA_VISIBLE_DEVICES": gpus,
             "PHALANX_JOB_ID": str(a.job_id),
@@ -144,6 +154,17 @@ def job_env(
         env["PHALANX_ARRAY_TASK_ID"] = str(a.array_task_id)
     if a.array_job_id is not None:
         env["SLURM_ARRAY_JOB_ID"] = str(a.array_job_id)
+    for name, value in (
+        ("SLURM_ARRAY_TASK_COUNT", a.array_task_count),
+        ("SLURM_ARRAY_TASK_MIN", a.array_task_min),
+        ("SLURM_ARRAY_TASK_MAX", a.array_task_max),
+        ("SLURM_ARRAY_TASK_STEP", a.array_task_step),
+        ("SLURM_MEM_PER_NODE", a.mem_mb),
+        ("SLURM_JOB_UID", a.uid),
+        ("SLURM_JOB_GID", a.gid),
+    ):
+        if value is not None:
+            env[name] = str(value)
     if head_url is not None:
         env["PHALANX_HEAD"] = head_url
     if head_ca_pem:

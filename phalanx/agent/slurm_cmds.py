@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import shlex
 import signal
@@ -90,20 +92,64 @@ def scontrol_main(argv: Sequence[str]) -> int:
             for name in hostlist.expand(expr):
                 print(name)
             return 0
-        if args[:2] == ["show", "job"]:
+        if args[:2] == ["show", "job"] and (len(args) == 2 or _is_self(args[2], os.environ)):
             print(_show_job(args[2] if len(args) > 2 else None, os.environ))
             return 0
+        if args[:1] == ["requeue"] and len(args) == 2 and _is_self(args[1], os.environ):
+            return _requeue_self(os.environ)
     except (CommandError, JobSpecError) as e:
         print(f"scontrol: error: {e}", file=sys.stderr)
         return 1
-    what = " ".join(args) or "(nothing)"
-    print(
-        f"scontrol: {what!r} is not supported by Phalanx; supported: "
-        "`scontrol show hostnames [LIST]`, `scontrol show job [ID]` "
-        "(for everything else use `phalanx show` / `phalanx nodes`)",
-        file=sys.stderr,
-    )
-    return 1
+    # Everything else (other jobs, nodes, partitions, hold, update…): the submit-side
+    # scontrol, which speaks to the head with the user's own token (client config).
+    command = [sys.executable, "-m", "phalanx.slurmcli", "scontrol", *args]
+    os.execv(sys.executable, command)
+
+
+def _is_self(refs: str, env: Mapping[str, str]) -> bool:
+    """Whether `refs` (`123`, `120_3`, comma-separated) names only the current job."""
+    names = {env.get("SLURM_JOB_ID", "")}
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        names.add(f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}")
+    given = [ref for ref in refs.split(",") if ref]
+    return bool(given) and all(ref in names for ref in given) and "" not in names
+
+
+def _requeue_self(env: Mapping[str, str]) -> int:
+    """`scontrol requeue $SLURM_JOB_ID` inside the job: the job asks the head, with its
+    own step token, to requeue it (POST /v1/jobs/{id}/self/requeue). Silent on success."""
+    from .steprun import Http
+
+    token, heads = env.get("PHALANX_STEP_TOKEN"), env.get("PHALANX_HEAD")
+    if not token or not heads:
+        raise CommandError("PHALANX_STEP_TOKEN or PHALANX_HEAD is not set: not inside a job")
+    client = Http(token, env.get(CA_PEM_ENV))
+    failure = "no head answered"
+    try:
+        for head in heads.split(","):
+            try:
+                answer = client.request(
+                    "POST", f"{head}/v1/jobs/{env['SLURM_JOB_ID']}/self/requeue"
+                )
+            except (OSError, http.client.HTTPException) as e:
+                failure = f"{head}: {e}"
+                continue
+            if answer.status_code == 200:
+                return 0
+            failure = _detail(answer.content)
+            if answer.status_code < 500:
+                break
+    finally:
+        client.close()
+    raise CommandError(f"Requeue of job {env['SLURM_JOB_ID']} failed: {failure}")
+
+
+def _detail(body: bytes) -> str:
+    try:
+        detail = json.loads(body).get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return str(detail) if detail else body.decode(errors="replace")[:200]
 
 
 def _show_job(job_id: str | None, env: Mapping[str, str]) -> str:

@@ -209,6 +209,7 @@ class JobSpec(Wire):
     # covers every end, failures included).
     notify_url: NotifyUrl | None = None
     notify_on: list[NotifyEvent] | None = Field(default=None, max_length=4)
+    hold: bool = False  # `sbatch -H/--hold`: submitted held (JobHeldUser) until released
 
     @model_validator(mode="after")
     def _notify_needs_url(self) -> JobSpec:
@@ -571,6 +572,11 @@ class Assignment(Lenient):
     gid: Annotated[int, Field(ge=0, le=MAX_INT32)] | None = None
     # --mem: the job's memory limit on this node (its cgroup)
     mem_mb: Annotated[int, Field(ge=1, le=MAX_INT32)] | None = None
+    # An array task's SLURM_ARRAY_TASK_COUNT/_MIN/_MAX/_STEP (None: not an array task).
+    array_task_count: Annotated[int, Field(ge=1, le=MAX_ARRAY_TASKS)] | None = None
+    array_task_min: Annotated[int, Field(ge=0, le=4_000_000)] | None = None
+    array_task_max: Annotated[int, Field(ge=0, le=4_000_000)] | None = None
+    array_task_step: Annotated[int, Field(ge=1, le=4_000_000)] | None = None
 
 
 MAX_PEERS = 16  # peers per node in a desired state (the head sends at most 8)

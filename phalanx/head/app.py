@@ -36,6 +36,7 @@ from phalanx.head import (
     jobcontrol,
     jobs,
     metricsapi,
+    selfcontrol,
     telemetry_api,
     usage_routes,
 )
@@ -316,6 +317,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         )
 
     app.include_router(telemetry_api.router(head))  # telemetry in, job stats out
+    app.include_router(selfcontrol.router(head))  # a job requeueing itself (step token)
 
     @app.get("/v1/whoami", response_model=m.WhoAmI)
     def whoami(who: User) -> m.WhoAmI:

@@ -91,6 +91,10 @@ def submit(
         if not rec.in_core:
             rec.reason = "JobArrayTaskLimit"
             rec.reason_message = f"array {first} runs at most {cap} tasks at once"
+        if spec.hold:  # `sbatch -H`: held from the start (no run can slip in before)
+            rec.hold, rec.in_core = "user", False
+            rec.reason = "JobHeldUser"
+            rec.reason_message = f"submitted held (-H); `phalanx release {rec.id}` lets it start"
         records.append(rec)
     tx.insert_jobs(records)
     mirror.live_per_user[who.user] = live + len(records)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import secrets
 import ssl
@@ -562,6 +563,7 @@ class Head:
             ),
             notices=list(rec.notices),
             **self._unix_account(rec.user),
+            **_array_summary(spec.array if rec.array_job_id is not None else None),
         )
 
     def _unix_account(self, user: str) -> dict[str, int | None]:
@@ -795,3 +797,18 @@ def default_checkpoint_dir(workdir: str, job_id: int) -> str:
     storage every node can reach, as the job's own files are), one per job, kept across
     restarts so a requeued run resumes from it."""
     return f"{workdir.rstrip('/')}/.phalanx/checkpoints/{job_id}"
+
+
+def _array_summary(array: m.ArraySpec | None) -> dict[str, int]:
+    """An array's SLURM_ARRAY_TASK_COUNT/_MIN/_MAX/_STEP for its tasks' assignments (the
+    step: the indices' common difference, 1 when they have none)."""
+    if array is None:
+        return {}
+    indices = array.indices
+    gaps = {b - a for a, b in itertools.pairwise(indices)}
+    return {
+        "array_task_count": len(indices),
+        "array_task_min": indices[0],
+        "array_task_max": indices[-1],
+        "array_task_step": gaps.pop() if len(gaps) == 1 else 1,
+    }

@@ -96,6 +96,8 @@ def _sbatch(argv: list[str]) -> int:
         _default_output(opts)
         text = with_arguments(text, line.arguments[1:])
         spec, warnings = build(opts, script=text, script_name=name)
+        if "hold" in flags:
+            spec = spec.model_copy(update={"hold": True})
     except ScriptError as exc:
         die(str(exc).replace("\n", "\nsbatch: error: "))
     except JobSpecError as exc:
@@ -109,8 +111,6 @@ def _sbatch(argv: list[str]) -> int:
         answer = submit(client, spec)
         print_warnings("sbatch", answer.warnings)
         job = job_of(answer)
-        if "hold" in flags:
-            client.hold(job)
         print(job if "parsable" in flags else f"Submitted batch job {job}", flush=True)
         if "wait" in flags:
             ended = wait_ended(client, answer.job_ids)
