@@ -277,6 +277,13 @@ class JobInfo(Lenient):
     workdir: str
     hold: Literal["user", "admin"] | None = None  # held (`phalanx hold`): who may release it
     begin_time: float | None = None  # `--begin`: not before this (unix seconds)
+    # What Slurm's squeue/sacct report beside (phalanx.slurmcli): the request's tasks, CPUs
+    # and memory, an array's `%N` throttle, and who cancelled it (sacct's `CANCELLED by`).
+    ntasks_per_node: int | None = None
+    cpus_per_task: int | None = None
+    mem_mb: int | None = None
+    array_max_parallel: int | None = None
+    cancelled_by: str | None = None
     # A requeued job's start_time is its latest run's: these span every run (from the
     # typed job events). None: it never started.
     first_start_time: UnixTime | None = None
@@ -620,6 +627,7 @@ class WhoAmI(Lenient):
     role: Role
     teams: list[str]
     admin_of: list[str]
+    default_team: str | None = None  # where a submit without a team goes (sinfo's `*`)
 
 
 class UserCreate(Wire):

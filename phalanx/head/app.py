@@ -362,13 +362,22 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         array: Annotated[
             int | None, Query(ge=1, le=2**31 - 1, description="only the tasks of this array")
         ] = None,
+        ids: Annotated[
+            str | None,
+            Query(
+                max_length=11 * 400,
+                pattern=r"^[0-9]{1,10}(,[0-9]{1,10}){0,399}$",
+                description="only these jobs (up to 400 ids; an array's id: all its tasks)",
+            ),
+        ] = None,
         format: Annotated[
             Literal["objects", "table"],
             Query(description="objects: a JobList; table: a JobTable (rows of values)"),
         ] = "objects",
     ) -> Response:
         states = {s for s in state.split(",") if s} if state else None
-        jobs = head.list_jobs(who, active, ended, user, team, states, since, limit, array)
+        wanted = {int(i) for i in ids.split(",")} if ids else None
+        jobs = head.list_jobs(who, active, ended, user, team, states, since, limit, array, wanted)
         # Plain dicts through pydantic-core's JSON writer: building and validating 10,000
         # JobInfo models costs more than the rest of the request.
         if format == "objects":

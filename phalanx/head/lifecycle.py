@@ -10,7 +10,7 @@ from phalanx.api.models import Notice
 from phalanx.core import JobState, move_job
 from phalanx.head import auth, corestate
 from phalanx.head.mirror import Mirror, Tx
-from phalanx.head.records import JobRecord
+from phalanx.head.records import CANCELLED_BY, JobRecord
 
 log = logging.getLogger("phalanx.head")
 
@@ -256,6 +256,8 @@ def _reset_allocation(rec: JobRecord, keep_placement: bool = False) -> None:
 
 
 def cancel(mirror: Mirror, tx: Tx, rec: JobRecord, now: float, by: str) -> None:
+    if rec.stopping is None:  # who cancelled it, kept with the job (sacct's `CANCELLED by`)
+        rec.reason_message = f"{CANCELLED_BY}{by}"
     if rec.placement:
         begin_stop(mirror, tx, rec, "cancel", "0:15", f"cancelled by {by}", now)
         return

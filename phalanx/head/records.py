@@ -19,6 +19,7 @@ from phalanx.api.models import (
 from phalanx.core import DrainCause, JobState, NodeState
 
 QOS_PRIORITY: dict[str, int] = {"low": 0, "normal": 100, "high": 1000}
+CANCELLED_BY = "cancelled by "  # how a cancelled job's reason message begins: then who
 
 
 @dataclass(slots=True)
@@ -116,7 +117,21 @@ class JobRecord:
             "workdir": spec.workdir,
             "hold": self.hold,
             "begin_time": spec.begin_time,
+            "ntasks_per_node": spec.ntasks_per_node,
+            "cpus_per_task": spec.cpus_per_task,
+            "mem_mb": spec.mem_mb,
+            "array_max_parallel": spec.array.max_parallel if spec.array else None,
+            "cancelled_by": self.cancelled_by(),
         }
+
+    def cancelled_by(self) -> str | None:
+        """Who cancelled it (head.lifecycle.cancel writes `cancelled by WHO`), or None."""
+        message = self.reason_message
+        if self.state is not JobState.CANCELLED or message is None:
+            return None
+        if not message.startswith(CANCELLED_BY):
+            return None
+        return message[len(CANCELLED_BY) :] or None
 
     def row(self) -> dict[str, Any]:
         """The columns of the `jobs` table for this record."""

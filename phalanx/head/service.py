@@ -174,15 +174,19 @@ class Head:
         since: float | None,
         limit: int,
         array: int | None = None,
+        ids: set[int] | None = None,
     ) -> list[dict[str, Any]]:
         """The jobs `who` may see that match, as JobInfo's JSON-ready dicts (see
-        JobRecord.wire): live ones from the mirror, ended ones from the database."""
+        JobRecord.wire): live ones from the mirror, ended ones from the database; `ids`:
+        only these jobs (an array's id names all its tasks)."""
         out: list[dict[str, Any]] = []
         if active or not ended:
             with self.control.lock:
                 addresses = self.mirror.addresses()
                 for rec in self.mirror.jobs.values():
                     if array is not None and rec.array_job_id != array:
+                        continue
+                    if ids is not None and rec.id not in ids and rec.array_job_id not in ids:
                         continue
                     if _visible(who, rec) and _matches(rec, user, team, states):
                         out.append(rec.wire(addresses, pending_reason(self.mirror, rec)))
@@ -194,7 +198,7 @@ class Head:
             with self.control.lock:
                 addresses = self.mirror.addresses()
             with self.control.engine.connect() as conn:
-                for rec in store.ended_jobs(conn, since, scope, teams, limit, array):
+                for rec in store.ended_jobs(conn, since, scope, teams, limit, array, ids):
                     if _visible(who, rec) and _matches(rec, user, team, states):
                         out.append(rec.wire(addresses))
         out = out[:limit]
@@ -579,7 +583,11 @@ class Head:
     def whoami(self, who: Principal) -> m.WhoAmI:
         assert who.user is not None
         return m.WhoAmI(
-            user=who.user, role=who.role, teams=sorted(who.teams), admin_of=sorted(who.admin_of)
+            user=who.user,
+            role=who.role,
+            teams=sorted(who.teams),
+            admin_of=sorted(who.admin_of),
+            default_team=who.default_team,
         )
 
     def put_team(self, team: m.TeamSpec) -> m.TeamInfo:
