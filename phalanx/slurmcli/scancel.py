@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import Literal
 
 from phalanx.api.models import JobInfo
 from phalanx.client.api import ApiError, PhalanxClient
@@ -88,7 +89,8 @@ def _scancel(argv: list[str]) -> int:
         else:
             targets = [_label(job) for job in _listed(client, filters)]
         for ref in targets:
-            failed |= not _cancel(client, ref, sig, verbose=args.has("verbose"))
+            to = _signal_to(args, sig)
+            failed |= not _cancel(client, ref, sig, verbose=args.has("verbose"), to=to)
     return 1 if failed else 0
 
 
@@ -169,10 +171,31 @@ def _label(job: JobInfo) -> str:
     return str(job.id)
 
 
-def _cancel(client: PhalanxClient, ref: str, sig: str | None, *, verbose: bool) -> bool:
+def _signal_to(args: Parsed, sig: str | None) -> Literal["all", "batch", "steps"]:
+    """Who gets a signal in a batch job, as Slurm decides: only the batch script with
+    -b/--batch, everything with -f/--full (or SIGKILL), else only its srun steps (submitit's
+    `scancel N --signal SIGTERM` must leave the batch shell running)."""
+    if args.has("batch"):
+        return "batch"
+    if args.has("full") or sig == "SIGKILL":
+        return "all"
+    return "steps"
+
+
+def _cancel(
+    client: PhalanxClient,
+    ref: str,
+    sig: str | None,
+    *,
+    verbose: bool,
+    to: Literal["all", "batch", "steps"] = "all",
+) -> bool:
     """Cancel (or signal) one job; False, with Slurm's error line, when the head refuses."""
     try:
-        client.cancel(ref, signal=sig)
+        if sig is None:
+            client.cancel(ref)
+        else:
+            client.cancel(ref, signal=sig, signal_to=to)
     except ApiError as exc:
         print(f"scancel: error: Kill job error on job id {ref}: {_why(exc)}", file=sys.stderr)
         return False
