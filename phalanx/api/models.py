@@ -377,9 +377,6 @@ class CancelRequest(Wire):
     """`signal` set: deliver it to the job's processes instead of cancelling (scancel -s)."""
 
     signal: SignalName | None = None
-    # Who gets `signal` in a batch job: every process (default), the batch script only
-    # (`scancel --batch`), or only its srun steps (Slurm's `scancel --signal` default).
-    signal_to: Literal["all", "batch", "steps"] = "all"
 
 
 class LogChunk(Lenient):
@@ -536,7 +533,6 @@ class Notice(Lenient):
     id: Annotated[int, Field(ge=1, le=MAX_INT32)]  # per job; delivered once per epoch
     signal: SignalName
     batch_only: bool = False  # only the batch script's process, not srun steps
-    steps_only: bool = False  # only srun steps, not the batch script (scancel -s without -b/-f)
     reason: Text
 
 

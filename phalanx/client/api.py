@@ -404,20 +404,12 @@ class PhalanxClient:
             params["resolution"] = resolution
         return self._call(JobStats, "GET", f"/v1/jobs/{_ref(job)}/stats", params=params)
 
-    def cancel(
-        self,
-        job: int | str,
-        signal: str | None = None,
-        signal_to: Literal["all", "batch", "steps"] = "all",
-    ) -> JobInfo:
+    def cancel(self, job: int | str, signal: str | None = None) -> JobInfo:
         """Cancel a job, an array task (`"123_4"`) or a whole array (its id); with `signal`,
-        only send it that signal, as `scancel -s` — in a batch job to every process, the
-        batch script only, or only its srun steps (`signal_to`). Answers with the job named."""
-        # `signal_to` only when not the default: a head from before it takes the request.
-        body = CancelRequest(signal=signal)
-        if signal_to != "all":
-            body = CancelRequest(signal=signal, signal_to=signal_to)
-        return self._call(JobInfo, "POST", f"/v1/jobs/{_ref(job)}/cancel", body=body, sparse=True)
+        only send it that signal, as `scancel -s`. Answers with the job named."""
+        return self._call(
+            JobInfo, "POST", f"/v1/jobs/{_ref(job)}/cancel", body=CancelRequest(signal=signal)
+        )
 
     def hold(self, job: int | str) -> JobList:
         """Keep pending jobs from starting (`scontrol hold`); the jobs held."""

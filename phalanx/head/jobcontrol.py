@@ -106,25 +106,13 @@ def cancel(mirror: Mirror, tx: Tx, who: Principal, ref: str) -> list[JobRecord]:
     return found
 
 
-def signal(
-    mirror: Mirror, tx: Tx, who: Principal, ref: str, sig: str, to: str = "all"
-) -> list[JobRecord]:
-    """`scancel --signal SIG REF`: the job's agents deliver SIG to its processes once
-    (`to`: "all", only the "batch" script, or only its srun "steps")."""
+def signal(mirror: Mirror, tx: Tx, who: Principal, ref: str, sig: str) -> list[JobRecord]:
+    """`scancel --signal SIG REF`: the job's agents deliver SIG to its processes once."""
 
     def act(rec: JobRecord) -> str | None:
         if not rec.state.running or rec.stopping is not None:
             return f"job {rec.id} is not running ({rec.state.value}): nothing to signal"
-        lifecycle.notify(
-            mirror,
-            tx,
-            rec,
-            sig,
-            f"sent by {_by(who)}",
-            tx.now,
-            batch_only=to == "batch",
-            steps_only=to == "steps",
-        )
+        lifecycle.notify(mirror, tx, rec, sig, f"sent by {_by(who)}", tx.now)
         return None
 
     return _each(ref, resolve(mirror, tx, who, ref), act, "signalled")

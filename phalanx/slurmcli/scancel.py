@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Literal
 
 from phalanx.api.models import JobInfo
 from phalanx.client.api import ApiError, PhalanxClient
@@ -89,8 +88,7 @@ def _scancel(argv: list[str]) -> int:
         else:
             targets = [_label(job) for job in _listed(client, filters)]
         for ref in targets:
-            to = _signal_to(args, sig)
-            failed |= not _cancel(client, ref, sig, verbose=args.has("verbose"), to=to)
+            failed |= not _cancel(client, ref, sig, verbose=args.has("verbose"))
     return 1 if failed else 0
 
 
@@ -171,31 +169,10 @@ def _label(job: JobInfo) -> str:
     return str(job.id)
 
 
-def _signal_to(args: Parsed, sig: str | None) -> Literal["all", "batch", "steps"]:
-    """Who gets a signal in a batch job, as Slurm decides: only the batch script with
-    -b/--batch, everything with -f/--full (or SIGKILL), else only its srun steps (submitit's
-    `scancel N --signal SIGTERM` must leave the batch shell running)."""
-    if args.has("batch"):
-        return "batch"
-    if args.has("full") or sig == "SIGKILL":
-        return "all"
-    return "steps"
-
-
-def _cancel(
-    client: PhalanxClient,
-    ref: str,
-    sig: str | None,
-    *,
-    verbose: bool,
-    to: Literal["all", "batch", "steps"] = "all",
-) -> bool:
+def _cancel(client: PhalanxClient, ref: str, sig: str | None, *, verbose: bool) -> bool:
     """Cancel (or signal) one job; False, with Slurm's error line, when the head refuses."""
     try:
-        if sig is None:
-            client.cancel(ref)
-        else:
-            client.cancel(ref, signal=sig, signal_to=to)
+        client.cancel(ref, signal=sig)
     except ApiError as exc:
         print(f"scancel: error: Kill job error on job id {ref}: {_why(exc)}", file=sys.stderr)
         return False

@@ -52,7 +52,7 @@ def result(job: submitit.Job[R], timeout: float = 90.0) -> R:
 
 def executor(folder: Path, **parameters: object) -> submitit.AutoExecutor:
     ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
-    ex.update_parameters(**{"timeout_min": 10, **parameters})
+    ex.update_parameters(timeout_min=10, **parameters)
     return ex
 
 
