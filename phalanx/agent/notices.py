@@ -48,14 +48,18 @@ def forget(job_dir: Path) -> None:
 
 def send(procs: ProcessManager, a: Assignment, ranks: Sequence[Hashable], n: Notice) -> None:
     """Signal the job's process groups on this node: its ranks (`ranks`, their process
-    keys) only when `batch_only`, else every running process of the launch (srun step
-    tasks too). An unknown signal name is logged and skipped."""
+    keys) only when `batch_only`; a batch job's srun step tasks only when `steps_only`
+    (other launchers' ranks are its tasks: all of them); else every running process of
+    the launch (srun step tasks too). An unknown signal name is logged and skipped."""
     sig = signal_of(n.signal)
     if sig is None:
         log.warning("job %d: notice %d names %s, unknown here; skipped", a.job_id, n.id, n.signal)
         return
     if n.batch_only:
         reached = sum(procs.send_signal(k, sig) for k in ranks)
+    elif n.steps_only and a.launcher == "batch":
+        # scancel --signal without -b/-f: srun's step tasks, not the batch script.
+        reached = procs.signal_owned((a.job_id, a.epoch), sig, skip=set(ranks))
     else:
         reached = procs.signal_owned((a.job_id, a.epoch), sig)
     log.info(

@@ -10,7 +10,7 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -472,13 +472,19 @@ class ProcessManager:
                 return False
             return _signal_group(proc.pgid, sig)
 
-    def signal_owned(self, owner: Hashable, sig: signal.Signals) -> int:
-        """Send `sig` to the group of every running process of `owner`; how many got it."""
+    def signal_owned(
+        self, owner: Hashable, sig: signal.Signals, skip: Collection[Hashable] = ()
+    ) -> int:
+        """Send `sig` to the group of every running process of `owner` but those keyed in
+        `skip`; how many got it."""
         with self._lock:
             groups = [
                 p.pgid
-                for p in self._procs.values()
-                if p.owner == owner and p.pgid is not None and p.ended_at is None
+                for key, p in self._procs.items()
+                if p.owner == owner
+                and p.pgid is not None
+                and p.ended_at is None
+                and key not in skip
             ]
             return sum(_signal_group(pgid, sig) for pgid in groups)
 

@@ -374,9 +374,12 @@ class JobUpdate(Wire):
 
 
 class CancelRequest(Wire):
-    """`signal` set: deliver it to the job's processes instead of cancelling (scancel -s)."""
+    """`signal` set: deliver it to the job's processes instead of cancelling (scancel -s).
+    `scope` (with a signal): `all` its processes (the default), a batch job's `steps`
+    (srun's tasks: Slurm's scancel -s) or its `batch` script only (scancel -b)."""
 
     signal: SignalName | None = None
+    scope: Literal["all", "steps", "batch"] | None = None
 
 
 class LogChunk(Lenient):
@@ -533,6 +536,7 @@ class Notice(Lenient):
     id: Annotated[int, Field(ge=1, le=MAX_INT32)]  # per job; delivered once per epoch
     signal: SignalName
     batch_only: bool = False  # only the batch script's process, not srun steps
+    steps_only: bool = False  # only srun's step tasks, not the batch script (scancel -s)
     reason: Text
 
 

@@ -404,12 +404,23 @@ class PhalanxClient:
             params["resolution"] = resolution
         return self._call(JobStats, "GET", f"/v1/jobs/{_ref(job)}/stats", params=params)
 
-    def cancel(self, job: int | str, signal: str | None = None) -> JobInfo:
+    def cancel(
+        self,
+        job: int | str,
+        signal: str | None = None,
+        scope: Literal["all", "steps", "batch"] | None = None,
+    ) -> JobInfo:
         """Cancel a job, an array task (`"123_4"`) or a whole array (its id); with `signal`,
-        only send it that signal, as `scancel -s`. Answers with the job named."""
-        return self._call(
-            JobInfo, "POST", f"/v1/jobs/{_ref(job)}/cancel", body=CancelRequest(signal=signal)
+        only send it that signal, as `scancel -s`: to every process (`scope` None or
+        "all"), a batch job's srun steps ("steps") or its script ("batch"). Answers with
+        the job named."""
+        # Only what is set goes on the wire: a head that predates `scope` takes the rest.
+        body = (
+            CancelRequest(signal=signal)
+            if scope is None
+            else CancelRequest(signal=signal, scope=scope)
         )
+        return self._call(JobInfo, "POST", f"/v1/jobs/{_ref(job)}/cancel", body=body, sparse=True)
 
     def hold(self, job: int | str) -> JobList:
         """Keep pending jobs from starting (`scontrol hold`); the jobs held."""

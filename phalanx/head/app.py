@@ -399,9 +399,9 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         `signal`, deliver it instead (scancel -s). The answer is the job named (for an
         array, its first task still live)."""
         if body is not None and body.signal is not None:
-            sig = body.signal
+            sig, scope = body.signal, body.scope
             done = head.control_jobs(
-                lambda tx: jobcontrol.signal(head.mirror, tx, who, job_id, sig)
+                lambda tx: jobcontrol.signal(head.mirror, tx, who, job_id, sig, scope)
             )
         else:
             done = head.control_jobs(lambda tx: jobcontrol.cancel(head.mirror, tx, who, job_id))

@@ -106,13 +106,25 @@ def cancel(mirror: Mirror, tx: Tx, who: Principal, ref: str) -> list[JobRecord]:
     return found
 
 
-def signal(mirror: Mirror, tx: Tx, who: Principal, ref: str, sig: str) -> list[JobRecord]:
-    """`scancel --signal SIG REF`: the job's agents deliver SIG to its processes once."""
+def signal(
+    mirror: Mirror, tx: Tx, who: Principal, ref: str, sig: str, scope: str | None = None
+) -> list[JobRecord]:
+    """`scancel --signal SIG REF`: the job's agents deliver SIG to its processes once;
+    `scope` "steps" (a batch job's srun tasks only) or "batch" (its script only)."""
 
     def act(rec: JobRecord) -> str | None:
         if not rec.state.running or rec.stopping is not None:
             return f"job {rec.id} is not running ({rec.state.value}): nothing to signal"
-        lifecycle.notify(mirror, tx, rec, sig, f"sent by {_by(who)}", tx.now)
+        lifecycle.notify(
+            mirror,
+            tx,
+            rec,
+            sig,
+            f"sent by {_by(who)}",
+            tx.now,
+            batch_only=scope == "batch",
+            steps_only=scope == "steps",
+        )
         return None
 
     return _each(ref, resolve(mirror, tx, who, ref), act, "signalled")

@@ -275,9 +275,16 @@ def notify(
     now: float,
     *,
     batch_only: bool = False,
+    steps_only: bool = False,
 ) -> None:
     """Have the job's agents deliver `signal` to its processes once (this epoch)."""
-    notice = Notice(id=len(rec.notices) + 1, signal=signal, batch_only=batch_only, reason=reason)
+    notice = Notice(
+        id=len(rec.notices) + 1,
+        signal=signal,
+        batch_only=batch_only,
+        steps_only=steps_only,
+        reason=reason,
+    )
     rec.notices.append(notice)
     for node, _ in rec.placement:
         mirror.bump(tx, node)

@@ -45,6 +45,7 @@ HARMLESS = frozenset(
     {
         "wckey", "comment", "open-mode", "acctg-freq", "profile", "get-user-env",
         "propagate", "mcs-label", "kill-on-invalid-dep", "no-kill", "priority", "nice",
+        "clusters",
     }
 )  # fmt: skip
 USAGE = """\

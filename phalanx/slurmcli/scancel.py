@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import Literal
 
 from phalanx.api.models import JobInfo
 from phalanx.client.api import ApiError, PhalanxClient
@@ -26,6 +27,7 @@ OPTIONS = [
     Opt("batch", "b"),
     Opt("full", "f"),
     Opt("hurry", "H"),
+    Opt("ctld"),
     Opt("quiet", "Q"),
     Opt("verbose", "v"),
     Opt("interactive", "i"),
@@ -52,6 +54,7 @@ _STATES = {
     "COMPLETING": "CG", "CG": "CG",
 }  # fmt: skip
 MAX_TASKS = 10_000
+Scope = Literal["all", "steps", "batch"]
 
 
 def main(argv: list[str]) -> int:
@@ -87,8 +90,11 @@ def _scancel(argv: list[str]) -> int:
             targets = [ref for ref in refs if not filters or _matches(client, ref, filters)]
         else:
             targets = [_label(job) for job in _listed(client, filters)]
+        # As Slurm: a signal goes to the job's steps (srun's tasks), to the batch script
+        # only with -b, to both with -f.
+        scope: Scope = "batch" if args.has("batch") else "all" if args.has("full") else "steps"
         for ref in targets:
-            failed |= not _cancel(client, ref, sig, verbose=args.has("verbose"))
+            failed |= not _cancel(client, ref, sig, scope, verbose=args.has("verbose"))
     return 1 if failed else 0
 
 
@@ -169,10 +175,12 @@ def _label(job: JobInfo) -> str:
     return str(job.id)
 
 
-def _cancel(client: PhalanxClient, ref: str, sig: str | None, *, verbose: bool) -> bool:
+def _cancel(
+    client: PhalanxClient, ref: str, sig: str | None, scope: Scope, *, verbose: bool
+) -> bool:
     """Cancel (or signal) one job; False, with Slurm's error line, when the head refuses."""
     try:
-        client.cancel(ref, signal=sig)
+        client.cancel(ref, signal=sig, scope=scope if sig is not None else None)
     except ApiError as exc:
         print(f"scancel: error: Kill job error on job id {ref}: {_why(exc)}", file=sys.stderr)
         return False

@@ -74,18 +74,28 @@ def test_scancel_filters_and_signals(slurm: Slurm) -> None:
     assert slurm(f"scancel --name other {keep}").returncode == 0
     assert slurm.job(keep).state == "PD"
 
+    # As Slurm: -s reaches the steps (srun's tasks) and spares the batch shell (submitit's
+    # tests send SIGTERM so); -b reaches the batch shell only.
     write(
         slurm.workdir / "trap.sh",
-        "#!/bin/bash\ntrap 'echo got USR1; exit 0' USR1\necho ready\n"
-        "for i in $(seq 600); do sleep 0.1; done\n",
+        "#!/bin/bash\n"
+        "trap 'echo batch got USR1' USR1\n"
+        'srun sh -c \'trap "echo step got USR1; exit 0" USR1; echo ready; '
+        "for i in $(seq 600); do sleep 0.1; done'\n"
+        "echo step ended $?\n"
+        "trap 'echo batch got USR2; exit 0' USR2\n"
+        "echo waiting; for i in $(seq 600); do sleep 0.1; done\n",
     )
     running = _submit(slurm, "trap.sh")
     out = slurm.workdir / f"slurm-{running}.out"
     assert eventually(lambda: out.exists() and "ready" in out.read_text())
-    assert slurm(f"scancel --signal=USR1 {running}").returncode == 0
-    assert slurm.wait(running).state == "CD"  # the script caught it and exited 0
-    # Every process of the job gets it (Slurm without -b/-f spares the batch shell).
-    assert out.read_text().endswith("got USR1\n")
+    assert slurm(f"scancel {running} --signal USR1").returncode == 0
+    assert eventually(lambda: "waiting" in out.read_text())
+    assert slurm(f"scancel -b -s SIGUSR2 {running}").returncode == 0
+    assert slurm.wait(running).state == "CD"  # the batch shell caught it and exited 0
+    # (the shells may also report their `sleep` killed: "User defined signal N")
+    lines = [line for line in out.read_text().splitlines() if "defined signal" not in line]
+    assert lines == ["ready", "step got USR1", "step ended 0", "waiting", "batch got USR2"]
     pending = slurm(f"scancel -s USR1 {keep}")
     assert pending.returncode == 1 and "Job is pending execution" in pending.stderr
 
@@ -196,3 +206,28 @@ def test_scontrol_nodes_partitions_config_and_hostlists(slurm: Slurm) -> None:
     assert slurm("scontrol show hostlist n1,n2,n3").stdout == "n[1-3]\n"
     from_env = slurm("scontrol show hostnames", env={"SLURM_JOB_NODELIST": "a[01-02]"})
     assert from_env.stdout == "a01\na02\n"
+
+
+PROBE = """\
+import os, ssl, sys, urllib.error, urllib.request
+url = os.environ["PHALANX_HEAD"].split(",")[0] + "/v1/jobs/%s/self/requeue" % sys.argv[1]
+request = urllib.request.Request(url, method="POST", headers={
+    "Authorization": "Bearer " + os.environ["PHALANX_STEP_TOKEN"]})
+context = ssl.create_default_context(cadata=os.environ.get("PHALANX_CA_PEM") or None)
+try:
+    print(urllib.request.urlopen(request, context=context).status)
+except urllib.error.HTTPError as exc:
+    print(exc.code)
+"""
+
+
+def test_a_jobs_own_credential_requeues_that_job_only(slurm: Slurm) -> None:
+    import sys
+
+    other = _submit(slurm, "--wrap='sleep 60'")
+    assert slurm.wait(other, ("R",)).state == "R"
+    write(slurm.workdir / "probe.py", PROBE)
+    prober = _submit(slurm, f"--wrap='{sys.executable} probe.py {other}'")
+    assert slurm.wait(prober).state == "CD"
+    assert (slurm.workdir / f"slurm-{prober}.out").read_text() == "401\n"
+    assert slurm.job(other).restart_count == 0 and slurm.job(other).state == "R"

@@ -161,6 +161,7 @@ def test_slurm_errors_in_slurms_words(slurm: Slurm) -> None:
         "sbatch -N1 : -N2 --wrap=true": "sbatch: error: heterogeneous jobs",
         "sbatch --dependency=singleton --wrap=true": "'singleton' dependencies are not supported",
         "sbatch --array=0-20000000 --wrap=true": "--array=0-20000000: indices must be at most",
+        "sbatch -p nosuchteam --wrap=true": "sbatch: error: Batch job submission failed: ",
     }
     for command, expected in cases.items():
         done = slurm(command)
