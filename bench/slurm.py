@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import subprocess
@@ -234,6 +235,9 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5, help="runs of each query command")
     p.add_argument("--skip-queries", action="store_true", help="only the submitit round trip")
     args = p.parse_args()
+    # submitit logs to stdout (e.g. each failed `sacct` on the real Slurm, which has no
+    # accounting storage): keep stdout for the one JSON object.
+    logging.getLogger("submitit").setLevel(logging.ERROR)
     if os.geteuid() != 0:
         p.error("run as root: the real Slurm side starts slurmctld and slurmd")
     started = time.perf_counter()
