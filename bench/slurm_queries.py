@@ -12,9 +12,10 @@ as the admin (it sees every job), its output thrown away; p50 / max seconds of `
 Measured: `squeue` (default columns, the `--live` jobs), `squeue --json`, `sacct
 --parsable2 -a -S now-1hour -s CD,F` (the `--ended` jobs), `sacct --parsable2 -a` (every
 job, live and ended). Baselines in the same run: `phalanx queue --limit N` (Phalanx's own
-listing of the same live jobs: its CLI, the same head call) and the bare REST call the
-tools make (`GET /v1/jobs?format=table`, in this process). Ratios: command / `phalanx
-queue` and command / bare REST.
+listing of the same live jobs: its CLI, the same head call) and the bare REST calls the
+tools make (`GET /v1/jobs?format=table`, live jobs; with `&active=true&ended=true`, live
+and ended, as sacct asks: the head's share of sacct's time), from this process.
+Ratios: command / `phalanx queue` and command / bare REST.
 
 `--slurm-bin DIR` also times DIR/squeue and DIR/sacct with the same arguments, against the
 slurmctld and slurmdbd they are configured for (the real-Slurm fixture seeds those with as
@@ -89,13 +90,16 @@ def measure_commands(
     return out
 
 
-def _rest(url: str, token: str, runs: int) -> dict[str, Any]:
+def _rest(url: str, token: str, runs: int, ended: bool = False) -> dict[str, Any]:
     times = []
     rows = 0
+    params: dict[str, str | int] = {"format": "table", "limit": 100_000}
+    if ended:
+        params.update(active="true", ended="true")  # what sacct asks for
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=300) as c:
         for _ in range(runs):
             start = time.perf_counter()
-            r = c.get("/v1/jobs", params={"format": "table", "limit": 100_000})
+            r = c.get("/v1/jobs", params=params)
             r.raise_for_status()
             times.append(time.perf_counter() - start)
             rows = len(r.json()["rows"])
@@ -127,6 +131,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             queue = [sys.executable, "-m", "phalanx", "queue", "--limit", str(args.live)]
             baseline = measure_commands([], env, args.runs, {"phalanx_queue": queue})
             baseline["rest_table"] = _rest(url, token, args.runs)
+            baseline["rest_table_live_and_ended"] = _rest(url, token, args.runs, ended=True)
             elapsed = time.perf_counter() - started
             slurm = None
             if args.slurm_bin:

@@ -1,11 +1,13 @@
 """What squeue, sacct and sinfo share: a job as the head lists it (`Job`), Slurm's words for
-Phalanx's job states and reasons, Slurm's time and date forms, array ids (`N_i`, `N_[1-5%2]`)
-and the `%` format engine (`%.18i`: right-aligned, 18 wide), all as Slurm 22.05 prints them."""
+Phalanx's job states and reasons, Slurm's time and date forms and array ids (`N_i`,
+`N_[1-5%2]`), all as Slurm 22.05 prints them (the `%` formats: phalanx.slurmcli.formats)."""
 
 from __future__ import annotations
 
+import os
+import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -78,7 +80,7 @@ def parse_states(text: str, *, allow_all: bool = True) -> set[str] | None:
         if code is not None:
             wanted.add(code)
         elif word not in OTHER_STATES and word not in OTHER_STATES.values():
-            raise FormatError(f"Invalid job state specified: {raw.strip()}")
+            raise FormatError(f"Invalid job state specified: {raw.strip()[:64]}")
     return wanted
 
 
@@ -114,6 +116,7 @@ class Job:
     mem_mb: int | None
     array_max_parallel: int | None
     cancelled_by: str | None
+    begin_time: float | None = None  # `--begin`: a pending job's earliest start
     tasks: tuple[int, ...] = field(default=())  # a collapsed pending array's task ids
 
     @classmethod
@@ -148,6 +151,7 @@ class Job:
             mem_mb=row.get("mem_mb"),
             array_max_parallel=row.get("array_max_parallel"),
             cancelled_by=row.get("cancelled_by"),
+            begin_time=row.get("begin_time"),
         )
 
     # ------------------------------------------------------------------ derived values
@@ -324,108 +328,9 @@ def date(when: float | None, missing: str = "Unknown") -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(when))
 
 
-# ----------------------------------------------------------------------------- `%` formats
-@dataclass(frozen=True, slots=True)
-class Spec:
-    """One `%[.][width]X` of a format, with the literal text after it (`suffix`)."""
-
-    letter: str  # "" for a literal prefix
-    width: int
-    right: bool
-    suffix: str
-
-
-def parse_format(text: str) -> list[Spec]:
-    """Slurm's `-o` parser: text before the first `%` is a prefix; each `%[.][N]X` field
-    keeps the text up to the next `%` as its suffix. A `%` at the end prints nothing."""
-    specs: list[Spec] = []
-    tokens = text.split("%")
-    if tokens[0]:
-        specs.append(Spec("", 0, False, tokens[0]))
-    for token in tokens[1:]:
-        if not token:
-            continue
-        i = 0
-        right = token.startswith(".")
-        i += 1 if right else 0
-        digits = ""
-        while i < len(token) and token[i].isdigit() and len(digits) < 6:
-            digits += token[i]
-            i += 1
-        if i >= len(token):  # `%.5` without a field letter: nothing to print
-            continue
-        specs.append(Spec(token[i], int(digits or 0), right, token[i + 1 :]))
-    return specs
-
-
-def pad(text: str, width: int, right: bool, cut: bool = True) -> str:
-    """Slurm's _print_str: right-aligned (`.`) or left-aligned in `width`, cut to it
-    unless `cut` is False; width 0: as is."""
-    if width == 0:
-        return text
-    if right:
-        out = text.rjust(width)
-        return out[:width] if cut else out
-    return (text[:width] if cut else text).ljust(width)
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    """A field: its header and how to print an item's value (and whether a long value is
-    cut to the width, as Slurm cuts all but node lists and times)."""
-
-    header: str
-    value: Callable[[Any], str]
-    cut: bool = True
-
-
-def render(specs: Sequence[Spec], columns: dict[str, Column], item: Any) -> str:
-    """One line (the header when `item` is None) of a `%` format; a letter without a
-    column prints as Slurm prints an invalid one: `%X` and its suffix, literally."""
-    out: list[str] = []
-    for spec in specs:
-        if not spec.letter:
-            out.append(spec.suffix)
-            continue
-        column = columns.get(spec.letter)
-        if column is None:
-            out.append("%" + ("." if spec.right else "") + (str(spec.width) if spec.width else ""))
-            out.append(spec.letter + spec.suffix)
-            continue
-        text = column.header if item is None else column.value(item)
-        out.append(pad(text, spec.width, spec.right, column.cut) + spec.suffix)
-    return "".join(out)
-
-
-def parse_long_format(text: str, names: dict[str, str]) -> list[Spec]:
-    """`-O/--Format name[:[.][size][suffix]],…` into Specs of the letters `names` maps
-    each (lower-case) name to; width 20 left-aligned by default, as Slurm. FormatError
-    for an unknown name."""
-    specs: list[Spec] = []
-    for raw in text.split(","):
-        item = raw.strip()
-        if not item:
-            continue
-        name, colon, rest = item.partition(":")
-        letter = names.get(name.lower())
-        if letter is None:
-            raise FormatError(f"Invalid job format specification: {name}")
-        right, width, suffix = False, 20, ""
-        if colon:
-            right = rest.startswith(".")
-            rest = rest[1:] if right else rest
-            digits = ""
-            while rest and rest[0].isdigit() and len(digits) < 6:
-                digits, rest = digits + rest[0], rest[1:]
-            width = int(digits or 0)
-            suffix = rest
-        specs.append(Spec(letter, width, right, suffix))
-    return specs
-
-
 def check_name(value: str, what: str) -> str:
     """A user, partition or job name from the command line: bounded, no control chars."""
-    if len(value) > 256 or any(ord(c) < 32 for c in value):
+    if len(value) > 128 or any(ord(c) < 32 for c in value):  # the head's bound on a name
         raise FormatError(f"Invalid {what}: {value[:64]!r}")
     return value
 
@@ -435,3 +340,17 @@ def host_list(names: Sequence[str]) -> str:
         return compress(names)
     except JobSpecError:  # a name Slurm's hostlists cannot hold: list them plainly
         return ",".join(names)
+
+
+def emit(lines: Sequence[str]) -> None:
+    """Print the lines; a reader that went away (`squeue | head -1`) ends the output
+    quietly, as Slurm's tools end on SIGPIPE, instead of a BrokenPipeError traceback."""
+    if not lines:
+        return
+    try:
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at /dev/null so that stays quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())

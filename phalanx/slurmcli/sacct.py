@@ -10,7 +10,6 @@ import json
 import os
 import pwd
 import re
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from phalanx.slurmcli.fields import (
     check_name,
     collapse_arrays,
     date,
+    emit,
     parse_states,
     sacct_secs,
 )
@@ -84,12 +84,11 @@ def _sacct(argv: list[str]) -> int:
         jobs = _select(client, o, now)
     jobs = collapse_arrays(jobs)
     if o.json:
-        print(json.dumps(slurmjson.sacct(jobs, now), indent=2))
+        emit([json.dumps(slurmjson.sacct(jobs, now), indent=2)])
         return 0
     lines = [] if o.noheader else _header(columns, o)
     lines.extend(_row(columns, o, job, now) for job in jobs)
-    if lines:
-        sys.stdout.write("\n".join(lines) + "\n")
+    emit(lines)
     return 0
 
 
@@ -263,7 +262,10 @@ def _select(client: Any, o: _Options, now: float) -> list[Job]:
 # ----------------------------------------------------------------------------- fields
 def _state(job: Job, _now: float) -> str:
     if job.state == "CA" and job.cancelled_by:
-        return f"CANCELLED by {_uid(job.cancelled_by)}"
+        who = job.cancelled_by
+        # A user's name; else the head itself (its idle-GPU policy, an admin token with
+        # no user): uid 0, as sacct names slurmctld's own cancels.
+        return f"CANCELLED by {'0' if ' ' in who else _uid(who)}"
     return job.word
 
 

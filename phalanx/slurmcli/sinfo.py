@@ -19,14 +19,12 @@ from phalanx.jobspec.hostlist import expand
 from phalanx.slurmcli import slurmjson
 from phalanx.slurmcli.common import connect, die, run
 from phalanx.slurmcli.fields import (
-    Column,
     FormatError,
-    Spec,
     check_name,
+    emit,
     host_list,
-    pad,
-    parse_format,
 )
+from phalanx.slurmcli.formats import Column, Spec, pad, parse_format
 
 DEFAULT_FORMAT = "%9P %.5a %.10l %.6D %.6t %N"
 LONG_FORMAT = "%9P %.5a %.10l %.10s %.4r %.8h %.10g %.6D %.11T %N"
@@ -43,12 +41,12 @@ LONG = [
 ]  # fmt: skip
 # Node states: (compact, long, sort weight as slurmctld's enum: sinfo sorts by it, highest first)
 STATES = {
-    "idle": ("idle", "IDLE", 2),
-    "mix": ("mix", "MIXED", 5),
-    "alloc": ("alloc", "ALLOCATED", 3),
-    "drng": ("drng", "DRAINING", 2),
-    "drain": ("drain", "DRAINED", 2),
-    "down": ("down*", "DOWN*", 1),
+    "idle": ("idle", "idle", 2),
+    "mix": ("mix", "mixed", 5),
+    "alloc": ("alloc", "allocated", 3),
+    "drng": ("drng", "draining", 2),
+    "drain": ("drain", "drained", 2),
+    "down": ("down*", "down*", 1),
 }
 STATE_NAMES = {
     "idle": {"idle"}, "mix": {"mix"}, "mixed": {"mix"}, "alloc": {"alloc"},
@@ -56,6 +54,11 @@ STATE_NAMES = {
     "drain": {"drain", "drng"}, "drained": {"drain"}, "down": {"down"},
     "responding": {"idle", "mix", "alloc", "drng", "drain"}, "no_respond": {"down"},
 }  # fmt: skip
+VALID_STATES = (
+    "valid states: unknown,down,idle,allocated,?,mixed,future,drain,drained,draining,"
+    "no_respond,reserved,perfctrs,cloud,completing,powering_down,powered_down,power_down,"
+    "powering_up,fail,maint,reboot,reboot^,unknown"
+)
 _SLUG = re.compile(r"[^a-z0-9]+")
 
 
@@ -167,7 +170,7 @@ def _sinfo(argv: list[str]) -> int:
     if states is not None:
         nodes = [n for n in nodes if node_state(n) in states]
     if as_json:
-        print(json.dumps(_json(teams, default, nodes), indent=2))
+        emit([json.dumps(_json(teams, default, nodes), indent=2)])
         return 0
     if fmt is None:
         if summarize:
@@ -179,8 +182,8 @@ def _sinfo(argv: list[str]) -> int:
     specs = parse_format(fmt)
     for spec in specs:
         if spec.letter and spec.letter not in COLUMN_LETTERS:
-            message = f"Invalid node format specification: {spec.letter}"
-            print(f"sinfo: error: {message}", file=sys.stderr)
+            # Slurm's sinfo prints this one without its `sinfo: error:` prefix.
+            print(f"Invalid node format specification: {spec.letter}", file=sys.stderr)
     rows = _rows(teams, default, nodes, specs, by_node, summarize)
     lines = []
     if long and not noheader:
@@ -196,7 +199,7 @@ def _sinfo(argv: list[str]) -> int:
     if not noheader:
         lines.append(_render(specs, columns, None, widths))
     lines.extend(_render(specs, columns, row, widths) for row in rows)
-    sys.stdout.write("\n".join(lines) + "\n")
+    emit(lines)
     return 0
 
 
@@ -211,7 +214,7 @@ def _states(value: str) -> set[str]:
         if not word:
             continue
         if word not in STATE_NAMES:
-            raise FormatError(f"Bad node state: {word[:64]}")
+            raise FormatError(f'Bad state string: "{word[:64]}"\nsinfo: error: {VALID_STATES}')
         out |= STATE_NAMES[word]
     return out
 
@@ -319,7 +322,7 @@ def _columns() -> dict[str, Column]:
         "t": col("STATE", lambda r: STATES[r.state][0]),
         "T": col("STATE", lambda r: STATES[r.state][1]),
         "w": col("WEIGHT", lambda r: "1"),
-        "z": col("S:C:T", lambda r: f"1:{_first(r).cpus}:1"),
+        "z": col("S:C:T", lambda r: f"{_first(r).cpus}:1:1"),  # a node given as CPUs only
     }
 
 
@@ -330,6 +333,13 @@ def _features(node: NodeInfo) -> str:
     if not node.labels:
         return "(null)"
     return ",".join(f"{k}={v}" for k, v in sorted(node.labels.items()))
+
+
+# openapi v0.0.38's node `state` is the base state; draining and not responding are flags.
+_BASE_STATE = {
+    "idle": "idle", "mix": "mixed", "alloc": "allocated", "drng": "allocated",
+    "drain": "idle", "down": "down",
+}  # fmt: skip
 
 
 def _json(teams: Sequence[str], default: str | None, nodes: Sequence[NodeInfo]) -> dict[str, Any]:
@@ -344,7 +354,7 @@ def _json(teams: Sequence[str], default: str | None, nodes: Sequence[NodeInfo]) 
                 "name": node.name,
                 "hostname": node.name,
                 "address": node.address,
-                "state": STATES[state][1].rstrip("*").lower(),
+                "state": _BASE_STATE[state],
                 "state_flags": (["DRAIN"] if state in ("drain", "drng") else [])
                 + (["NOT_RESPONDING"] if state == "down" else []),
                 "cpus": total,

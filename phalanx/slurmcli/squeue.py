@@ -15,23 +15,29 @@ from phalanx.slurmcli import slurmjson
 from phalanx.slurmcli.common import connect, die, run
 from phalanx.slurmcli.fields import (
     LIVE_CODES,
-    Column,
     FormatError,
     Job,
     check_name,
     collapse_arrays,
     date,
-    parse_format,
-    parse_long_format,
+    emit,
     parse_states,
-    render,
     squeue_secs,
 )
+from phalanx.slurmcli.formats import Column, parse_format, parse_long_format, render
 from phalanx.slurmcli.jobsource import fetch
 
 DEFAULT_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R"
 LONG_FORMAT = "%.18i %.9P %.8j %.8u %.8T %.10M %.9l %.6D %R"
+START_FORMAT = "%.18i %.9P %.8j %.8u %.2t %.19S %.6D %20Y %R"  # `--start`
+VALID_STATES = (
+    "Valid job states include: PENDING,RUNNING,SUSPENDED,COMPLETED,CANCELLED,FAILED,"
+    "TIMEOUT,NODE_FAIL,PREEMPTED,BOOT_FAIL,DEADLINE,OUT_OF_MEMORY,COMPLETING,CONFIGURING,"
+    "RESIZING,RESV_DEL_HOLD,REQUEUED,REQUEUE_FED,REQUEUE_HOLD,REVOKED,SIGNALING,"
+    "SPECIAL_EXIT,STAGE_OUT,STOPPED"
+)
 MIN_JOB_AGE_S = 300  # slurmctld's MinJobAge default: ended jobs stay listed this long
+NO_USER = "\x00"  # what an unknown uid stands for: no user is named so
 MAX_IDS = 4000
 SHORT = "A:ahj:ln:o:O:p:q:rS:st:u:vVw:M:i:"
 LONG = [
@@ -39,21 +45,19 @@ LONG = [
     "jobs=", "long", "me", "name=", "noheader", "partition=", "qos=", "sort=",
     "states=", "steps", "user=", "usage", "verbose", "version", "json", "yaml",
     "nodelist=", "clusters=", "cluster=", "local", "federation", "sibling",
-    "noconvert", "array-unique", "start", "only-job-state",
+    "noconvert", "array-unique", "start",
 ]  # fmt: skip
 # `-O` names → the `%` letter printing the same field.
 LONG_NAMES = {
     "account": "a", "arrayjobid": "F", "arraytaskid": "K", "command": "o",
     "cpus-per-task": "c", "dependency": "E", "endtime": "e", "jobarrayid": "i",
     "jobid": "A", "minmemory": "m", "name": "j", "nodelist": "N", "numcpus": "C",
-    "numnodes": "D", "numtasks": "n", "partition": "P", "priority": "p",
+    "numnodes": "D", "numtasks": "numtasks", "partition": "P", "priority": "p",
     "prioritylong": "Q", "qos": "q", "reason": "r", "reasonlist": "R", "starttime": "S",
     "state": "T", "statecompact": "t", "submittime": "V", "timeleft": "L",
     "timelimit": "l", "timeused": "M", "tres-per-node": "b", "userid": "U",
     "username": "u", "workdir": "Z", "exit_code": "X", "exitcode": "X",
 }  # fmt: skip
-# Slurm's state order for sorting (enum job_states; completing sorts as ended).
-STATE_ORDER = {"PD": 0, "R": 1, "CD": 3, "CG": 3, "CA": 4, "F": 5, "TO": 6, "NF": 7, "PR": 8}
 
 
 def main(argv: list[str]) -> int:
@@ -84,29 +88,29 @@ def _squeue(argv: list[str]) -> int:
         return 1
     if not o.expand_arrays:
         jobs = collapse_arrays(jobs)
-    jobs.sort(key=lambda j: (j.partition, STATE_ORDER.get(j.state, 9), -j.priority, j.id))
+    # Slurm's default sort "P,t,-p": partition, compact state (as strings), priority down.
+    jobs.sort(key=lambda j: (j.partition, j.state, -j.priority, j.id))
     if o.json:
-        print(json.dumps(slurmjson.squeue(jobs, now), indent=2))
+        emit([json.dumps(slurmjson.squeue(jobs, now), indent=2)])
         return 0
-    try:
-        specs = (
-            parse_long_format(o.long_format, LONG_NAMES)
-            if o.long_format is not None
-            else parse_format(o.format or (LONG_FORMAT if o.long else DEFAULT_FORMAT))
-        )
-    except FormatError as exc:
-        die(str(exc))
-    for spec in specs:
-        if spec.letter and spec.letter not in COLUMNS:
-            message = f"Invalid job format specification: {spec.letter}"
-            print(f"squeue: error: {message}", file=sys.stderr)
+    if o.long_format is not None:
+        specs, errors = parse_long_format(o.long_format, LONG_NAMES)
+    else:
+        default = START_FORMAT if o.start else LONG_FORMAT if o.long else DEFAULT_FORMAT
+        specs = parse_format(o.format or default)
+        errors = [
+            f"Invalid job format specification: {spec.letter}"
+            for spec in specs
+            if spec.letter and spec.letter not in COLUMNS
+        ]
+    for message in errors:  # squeue goes on without the field, as Slurm's
+        print(f"squeue: error: {message}", file=sys.stderr)
     columns = _columns(now)
     out = [] if o.noheader else [render(specs, columns, None)]
     if o.long and not o.noheader:  # squeue -l starts with the date, as print_date()
         out.insert(0, time.strftime("%a %b %d %H:%M:%S %Y", time.localtime(now)))
     out.extend(render(specs, columns, job) for job in jobs)
-    if out:
-        sys.stdout.write("\n".join(out) + "\n")
+    emit(out)
     return 0
 
 
@@ -127,6 +131,7 @@ class _Options:
         self.format: str | None = os.environ.get("SQUEUE_FORMAT") or None
         self.long_format: str | None = os.environ.get("SQUEUE_FORMAT2") or None
         self.long = self.noheader = self.me = self.json = self.expand_arrays = False
+        self.start = False
 
     def apply(self, flag: str, value: str) -> bool:
         """Take one option; True when it printed something and squeue is done."""
@@ -151,13 +156,21 @@ class _Options:
         elif flag in ("-r", "--array"):
             self.expand_arrays = True
         elif flag in ("-t", "--states"):
-            self.states, self.states_given = parse_states(value), True
+            try:
+                self.states, self.states_given = parse_states(value), True
+            except FormatError as exc:
+                raise FormatError(f"{exc}\nsqueue: error: {VALID_STATES}") from None
         elif flag in ("-u", "--user"):
-            self.users |= {_user(u) for u in _words(value, "user")}
+            for word in _words(value, "user"):
+                self.users.add(_user(word))
         elif flag in ("-w", "--nodelist"):
             self.nodes |= _words(value, "node")
         elif flag == "--me":
             self.me = True
+        elif flag == "--start":  # pending jobs and when they may start (`--begin`)
+            self.start = True
+            if not self.states_given:
+                self.states = {"PD"}
         elif flag == "--json":
             self.json = True
         elif flag == "--yaml":
@@ -201,12 +214,14 @@ def _words(value: str, what: str) -> set[str]:
 
 
 def _user(name: str) -> str:
-    """A user name, or a numeric uid as the local account's name (as Slurm reads `-u`)."""
+    """A user name, or a numeric uid as the local account's name (as Slurm reads `-u`);
+    an unknown uid is Slurm's error and matches no job (squeue goes on)."""
     if name.isdigit():
         try:
             return pwd.getpwuid(int(name)).pw_name
         except (KeyError, OverflowError):
-            raise FormatError(f"Invalid user: {name}") from None
+            print(f"squeue: error: Invalid user: {name}", file=sys.stderr)
+            return NO_USER
     return name
 
 
@@ -214,14 +229,14 @@ def _select(client: Any, o: _Options, now: float) -> list[Job]:
     states = o.states
     if o.ids and not o.states_given:
         states = None  # `-j`: its jobs in any state (ended ones while slurmctld keeps them)
-    if states is not None and not states:
+    if (states is not None and not states) or o.users == {NO_USER}:
         return []
     wants_ended = states is None or any(s not in LIVE_CODES for s in states)
     jobs = fetch(
         client,
         active=True,
         ended=wants_ended,
-        user=next(iter(o.users)) if len(o.users) == 1 else None,
+        user=next(iter(o.users)) if len(o.users) == 1 and NO_USER not in o.users else None,
         team=next(iter(o.partitions)) if len(o.partitions) == 1 else None,
         states=states,
         since=now - MIN_JOB_AGE_S if wants_ended else None,
@@ -278,14 +293,23 @@ def _time_left(job: Job, now: float) -> str:
     return squeue_secs(max(0, job.time_limit_s - job.elapsed(now)))
 
 
+def _start_time(job: Job) -> str:
+    """The start, or for a pending job the earliest it may start (`--begin`)."""
+    if job.pending:
+        return date(job.begin_time, "N/A")
+    return date(job.start_time, "N/A")
+
+
 def _end_time(job: Job) -> str:
-    if job.end_time is not None:
+    """The end, or when a job must end (start + time limit; NONE without a limit)."""
+    if job.end_time is not None and not job.pending:
         return date(job.end_time, "N/A")
-    if job.start_time is None or job.pending:
+    start = job.begin_time if job.pending else job.start_time
+    if start is None:
         return "N/A"
     if job.time_limit_s is None:
         return "NONE"
-    return date(job.start_time + job.time_limit_s, "N/A")
+    return date(start + job.time_limit_s, "N/A")
 
 
 def _columns(now: float) -> dict[str, Column]:
@@ -308,20 +332,22 @@ def _columns(now: float) -> dict[str, Column]:
         "L": col("TIME_LEFT", lambda j: _time_left(j, now), cut=False),
         "m": col("MIN_MEMORY", lambda j: f"{j.mem_mb}M" if j.mem_mb else "0"),
         "M": col("TIME", lambda j: squeue_secs(j.elapsed(now)), cut=False),
-        "n": col("TASKS", lambda j: str(j.ntasks)),
-        "N": col("NODELIST", lambda j: j.hostlist, cut=False),
+        "n": col("REQ_NODES", lambda j: ""),  # `-w` nodes: not in Phalanx's listing
+        "numtasks": col("TASKS", lambda j: str(j.ntasks)),
+        "N": Column("NODELIST", lambda j: j.hostlist, cut=False, header_cut=False),
         "p": col("PRIORITY", lambda j: f"{j.priority / 0xFFFFFFFF:16.14f}"),
         "P": col("PARTITION", lambda j: j.partition),
         "q": col("QOS", lambda j: j.qos),
         "Q": col("PRIORITY", lambda j: str(j.priority)),
         "r": col("REASON", lambda j: j.slurm_reason()),
-        "R": col("NODELIST(REASON)", _nodes_or_reason, cut=False),
-        "S": col("START_TIME", lambda j: date(j.start_time, "N/A")),
+        "R": Column("NODELIST(REASON)", _nodes_or_reason, cut=False, header_cut=False),
+        "S": col("START_TIME", _start_time),
         "t": col("ST", lambda j: j.state),
         "T": col("STATE", lambda j: j.word),
         "u": col("USER", lambda j: j.user),
         "U": col("UID", lambda j: str(_uid(j.user))),
         "V": col("SUBMIT_TIME", lambda j: date(j.submit_time, "N/A")),
+        "Y": col("SCHEDNODES", lambda j: "(null)"),  # nodes the scheduler plans: not kept
         "Z": col("WORK_DIR", lambda j: j.workdir),
     }
 

@@ -109,6 +109,7 @@ def test_users_cannot_touch_other_teams_jobs(head: HeadProc) -> None:
         "role": "user",
         "teams": ["vision"],
         "admin_of": [],
+        "default_team": "vision",
     }
 
 

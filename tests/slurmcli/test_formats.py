@@ -13,14 +13,13 @@ from phalanx.slurmcli import sacct
 from phalanx.slurmcli.fields import (
     FormatError,
     Job,
-    Spec,
     collapse_arrays,
-    parse_format,
     parse_states,
     ranges,
     sacct_secs,
     squeue_secs,
 )
+from phalanx.slurmcli.formats import Spec, parse_format
 from phalanx.slurmcli.slurmtime import parse_time
 
 NOW = datetime(2026, 3, 10, 14, 30, 15).timestamp()  # a Tuesday, local time
@@ -150,3 +149,13 @@ def test_dates_are_local_iso_without_zone() -> None:
     job = Job.from_wire(wire(1, "CD", start_time=stamp, end_time=stamp + 1, exit_code="0:0"))
     start = next(f for f in sacct.FIELDS if f.name == "Start")
     assert start.value is not None and start.value(job, time.time()) == "2026-03-01T08:05:09"
+
+
+def test_cancelled_by_a_user_or_by_the_head() -> None:
+    state = next(f for f in sacct.FIELDS if f.name == "State").value
+    assert state is not None
+    by_head = Job.from_wire(wire(3, "CA", cancelled_by="the idle-GPU policy: idle 2 h"))
+    assert state(by_head, NOW) == "CANCELLED by 0"
+    nobody = "no-such-account-here"
+    assert state(Job.from_wire(wire(4, "CA", cancelled_by=nobody)), NOW) == f"CANCELLED by {nobody}"
+    assert state(Job.from_wire(wire(5, "CA")), NOW) == "CANCELLED"

@@ -128,6 +128,11 @@ def hms(seconds: float) -> str:
 
 
 # ----------------------------------------------------------------------------- squeue
+squeue_header = (
+    "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)"
+)
+
+
 def test_squeue_default_columns_for_pending_jobs(
     as_admin: Scene, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -137,7 +142,7 @@ def test_squeue_default_columns_for_pending_jobs(
     assert (code, err) == (0, "")
     # `%.18i %.9P %.8j %.8u %.2t %.10M %.6D %R`; sorted by partition, state, priority.
     assert out.splitlines() == [
-        "             JOBID PARTITION     NAME     USER ST       TIME  NODES NODELIST(REASON)",
+        squeue_header,
         f"{s.waiting:>18}   default a-very-l    admin PD       0:00      1 (BeginTime)",
         f"{f'{a}_[1-3%2]':>18}   default      arr    admin PD       0:00      1 (BeginTime)",
         f"{s.bob_held:>18}       lab   bobjob      bob PD       0:00      1 (JobHeldUser)",
@@ -157,8 +162,8 @@ def test_squeue_long_view_and_a_running_job(
     lines = out.splitlines()
     time.strptime(lines[0], "%a %b %d %H:%M:%S %Y")  # the date line, as print_date()
     assert lines[1] == (
-        "             JOBID PARTITION     NAME     USER    STATE       TIME TIME_LIMIT  NODES "
-        "NODELIST(REASON)"
+        "             JOBID PARTITION     NAME     USER    STATE       TIME TIME_LIMI  NODES "
+        "NODELIST(REASON)"  # headers are cut to the width (`%.9l`), as slurm 22.05 prints
     )
     prefix = f"{s.runner:>18}   default   runner    admin  RUNNING "
     assert lines[2].startswith(prefix) and lines[2].endswith(f"   1:00:00      1 {node}")
@@ -196,11 +201,25 @@ def test_squeue_ids_states_and_unknown_ids(
     # `-j` lists a job in any state while slurmctld would keep it (MinJobAge, 300 s).
     ids = f"{s.done},{s.failed},{s.timeout},{s.killed}"
     out = ok(capsys, "squeue", "-h", "-j", ids, "-o", "%i %T %t %r")
-    assert out.splitlines() == [
-        f"{s.done} COMPLETED CD None",
+    assert out.splitlines() == [  # sorted by the compact state as a string (`t`)
         f"{s.killed} CANCELLED CA None",
+        f"{s.done} COMPLETED CD None",
         f"{s.failed} FAILED F NonZeroExitCode",
         f"{s.timeout} TIMEOUT TO TimeLimit",
+    ]
+    # A pending job's START_TIME is its `--begin`; END_TIME NONE without a time limit.
+    begin = info(s.api, s.waiting).begin_time
+    out = ok(capsys, "squeue", "-h", "-j", str(s.waiting), "-o", "%S|%e|%L|%n|%V")
+    submitted = iso(info(s.api, s.waiting).submit_time)
+    assert out == f"{iso(begin)}|NONE|UNLIMITED||{submitted}\n"
+    out = ok(capsys, "squeue", "--start", "-p", "default")
+    assert out.splitlines() == [
+        "             JOBID PARTITION     NAME     USER ST          START_TIME  NODES "
+        "SCHEDNODES           NODELIST(REASON)",
+        f"{s.waiting:>18}   default a-very-l    admin PD {iso(begin)}      1 "
+        "(null)               (BeginTime)",
+        f"{f'{s.array[0]}_[1-3%2]':>18}   default      arr    admin PD {iso(begin)}      1 "
+        "(null)               (BeginTime)",
     ]
     code, out, err = run(capsys, "squeue", "-j", "999999")
     assert (code, out, err) == (1, "", "slurm_load_jobs error: Invalid job id specified\n")
@@ -342,24 +361,30 @@ def test_hostile_input_gets_slurms_errors(
     bogus = (
         'squeue: error: option --bogus not recognized\nTry "squeue --help" for more information\n'
     )
-    spec = "Invalid job format specification"
+    valid = f"squeue: error: {squeue.VALID_STATES}\n"
+    node_states = f"sinfo: error: {sinfo.VALID_STATES}\n"
     cases = [
         ("sacct", ["-o", "JobID,Bogus"], 'sacct: error: Invalid field requested: "Bogus"\n'),
         ("sacct", ["-S", "soonish"], "sacct: error: Invalid time specification: soonish\n"),
         ("sacct", ["-s", "WEIRD"], "sacct: error: Invalid job state specified: WEIRD\n"),
         ("sacct", ["-j", "12x"], "sacct: error: Invalid job id: 12x\n"),
-        ("squeue", ["-t", "NOPE"], "squeue: error: Invalid job state specified: NOPE\n"),
+        ("squeue", ["-t", "NOPE"], f"squeue: error: Invalid job state specified: NOPE\n{valid}"),
         ("squeue", ["-j", "99999999999"], "squeue: error: Invalid job id: 99999999999\n"),
         ("squeue", ["-j", "1_x"], "squeue: error: Invalid job id: 1_x\n"),
-        ("squeue", ["-O", "jobid,nosuch"], f"squeue: error: {spec}: nosuch\n"),
-        ("squeue", ["-u", "4000000000"], "squeue: error: Invalid user: 4000000000\n"),
-        ("sinfo", ["-t", "weird"], "sinfo: error: Bad node state: weird\n"),
+        ("sinfo", ["-t", "weird"], f'sinfo: error: Bad state string: "weird"\n{node_states}'),
         ("squeue", ["--bogus"], bogus),
         ("sacct", ["stray"], "sacct: error: Unknown arguments: stray\n"),
     ]  # fmt: skip
     for tool, args, message in cases:
         code, out, err = run(capsys, tool, *args)
         assert (code, out, err) == (1, "", message), (tool, args)
+    # squeue goes on without an unknown -O field, or with no job for an unknown uid.
+    code, out, err = run(capsys, "squeue", "-h", "-t", "R", "-O", "jobid:6,nosuch")
+    spec = "Invalid job format specification"
+    assert (code, out, err) == (0, f"{as_admin.runner:<6}\n", f"squeue: error: {spec}: nosuch\n")
+    code, out, err = run(capsys, "squeue", "-u", "4000000000")
+    assert (code, err) == (0, "squeue: error: Invalid user: 4000000000\n")
+    assert out == squeue_header + "\n"
     # An unknown `%` field prints literally, as Slurm's, with its error.
     code, out, err = run(capsys, "squeue", "-h", "-t", "R", "-o", "%.8i %x|")
     assert (code, err) == (0, "squeue: error: Invalid job format specification: x\n")
@@ -389,7 +414,7 @@ def test_sinfo_views(as_admin: Scene, capsys: pytest.CaptureFixture[str]) -> Non
     ]
     out = ok(capsys, "sinfo", "-h", "-p", "lab", "-o", "%P|%C|%G|%c|%D|%T|%N", "-t", "idle")
     cpus = s.api.nodes().nodes[0].cpus
-    assert out == f"lab|0/{cpus}/0/{cpus}|gpu:h100:2|{cpus}|1|IDLE|{idle}\n"
+    assert out == f"lab|0/{cpus}/0/{cpus}|gpu:h100:2|{cpus}|1|idle|{idle}\n"
     out = ok(capsys, "sinfo", "-s", "-p", "default")
     assert out.splitlines() == [
         "PARTITION AVAIL  TIMELIMIT   NODES(A/I/O/T) NODELIST",
@@ -443,6 +468,8 @@ def test_requeued_preempted_and_node_failed_jobs(
     # Node failure: a job that may not be requeued ends NODE_FAIL when its node dies.
     lost = submit(api, job(work, sh("sleep 300"), name="lost", requeue=False))
     node = wait_state(api, lost, "R").placement[0].node
+    # The runner holds both GPUs of the other node: it lives on for the tests after this.
+    assert node != info(api, s.runner).placement[0].node
     s.cluster.crash_node(node)
     final = wait_state(api, lost, "NF", timeout=60)
     out = ok(capsys, "sacct", "-n", "-P", "-j", str(lost), "-o", "JobID,State,ExitCode,NodeList")
@@ -481,3 +508,60 @@ def test_the_calls_real_clients_make(as_admin: Scene, capsys: pytest.CaptureFixt
     # Nextflow's queue status: every state, its partition and user.
     out = ok(capsys, "squeue", "--noheader", "-o", "%i %t", "-t", "all", "-p", "lab", "-u", "bob")
     assert out == f"{s.bob_held} PD\n"
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly(as_admin: Scene) -> None:
+    env = {**os.environ, **as_admin.cluster.client_env()}
+    read, write = os.pipe()
+    os.close(read)  # `squeue | head -0`: the reader is gone before the first line
+    try:
+        r = subprocess.run(
+            [sys.executable, "-m", "phalanx.slurmcli", "squeue", "-t", "all"],
+            env=env, stdout=write, stderr=subprocess.PIPE, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        os.close(write)
+    assert (r.returncode, r.stderr) == (0, "")
+
+
+def test_long_id_lists_go_to_the_head_in_batches(
+    as_admin: Scene, capsys: pytest.CaptureFixture[str]
+) -> None:
+    s = as_admin
+    ids = [*range(100_000, 100_450), s.done, s.runner]  # 452 ids: two requests of ≤ 400
+    out = ok(capsys, "sacct", "-n", "-P", "-o", "JobID,State", "-j", ",".join(map(str, ids)))
+    assert out.splitlines() == [f"{s.done}|COMPLETED", f"{s.runner}|RUNNING"]
+    out = ok(capsys, "squeue", "-h", "-o", "%i %t", "-j", ",".join(map(str, ids)))
+    assert out.splitlines() == [f"{s.done} CD", f"{s.runner} R"]
+
+
+def test_sacct_and_sinfo_json(as_admin: Scene, capsys: pytest.CaptureFixture[str]) -> None:
+    s = as_admin
+    body = json.loads(ok(capsys, "sacct", "--json", "-j", f"{s.failed},{s.killed},{s.array[0]}"))
+    assert body["meta"]["plugin"]["type"] == "openapi/dbv0.0.38" and body["errors"] == []
+    by_id = {j["job_id"]: j for j in body["jobs"]}
+    failed, killed, arr = by_id[s.failed], by_id[s.killed], by_id[s.array[0]]
+    f = info(s.api, s.failed)
+    assert failed["state"] == {"current": "FAILED", "reason": "NonZeroExitCode"}
+    assert failed["exit_code"] == {"status": "FAILED", "return_code": 3}
+    assert failed["time"]["start"] == int(f.start_time or 0)
+    assert failed["time"]["end"] == int(f.end_time or 0)
+    assert failed["nodes"] == f.placement[0].node and failed["partition"] == "default"
+    assert killed["state"]["current"] == "CANCELLED" and killed["kill_request_user"] == "admin"
+    assert killed["exit_code"] == {
+        "status": "SIGNALED", "return_code": None,
+        "signal": {"signal_id": 15, "name": "Terminated"},
+    }  # fmt: skip
+    assert arr["array"] == {
+        "job_id": s.array[0], "limits": {"max": {"running": {"tasks": 2}}}, "task": "1-3%2",
+        "task_id": None,
+    }  # fmt: skip
+    assert arr["nodes"] == "None assigned" and arr["exit_code"]["status"] == "PENDING"
+
+    nodes = json.loads(ok(capsys, "sinfo", "--json"))
+    busy = info(s.api, s.runner).placement[0].node
+    states = {n["name"]: (n["state"], n["alloc_cpus"] == n["cpus"]) for n in nodes["nodes"]}
+    assert states[busy] == ("allocated", True)
+    assert sorted(p["name"] for p in nodes["partitions"]) == ["default", "lab"]
+    default = next(p for p in nodes["partitions"] if p["name"] == "default")
+    assert (default["flags"], default["total_nodes"]) == (["default"], 2)
