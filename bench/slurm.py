@@ -13,7 +13,9 @@ Must run as root (the real slurmd starts job steps; phalanx.testing.slurmcluster
    Per round: `submit_s` (submitit's `sbatch FILE` call), `result_file_s` (the result
    pickle appears: submit, schedule, launch, Python start, run; polled every 10 ms in a
    thread) and `result_s` (`job.result()` returns, as a user sees it: submitit checks every
-   second and calls `sacct` at 0, 2, 4, 8 s).
+   second and calls `sacct` at 0, 2, 4, 8 s). `command_start_s`: `sinfo --version` on each
+   side, a command that asks no one anything (for Phalanx: the Python start and imports every
+   shim pays).
 2. **Queries at `--jobs` jobs**: `squeue` (default columns), `squeue --json` and `sacct
    --parsable2` as fresh processes, `--runs` each, p50/max:
    - Slurm: `--jobs` held jobs submitted with `sbatch -H` (their submit rate is reported)
@@ -139,6 +141,16 @@ def roundtrips(folder: Path, rounds: int) -> dict[str, Any]:
     }
 
 
+def command_start(argv: list[str], runs: int) -> dict[str, float]:
+    """How long a command that asks no one anything takes (`sinfo --version`)."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(argv, capture_output=True, check=True, timeout=120)
+        times.append(time.perf_counter() - start)
+    return _summary(times)
+
+
 def phalanx_roundtrips(tmp: Path, rounds: int) -> dict[str, Any]:
     with LocalCluster(tmp / "cluster", nodes=2, gpus_per_node=2) as cluster:
         bin_dir = tmp / "slurm-bin"
@@ -156,7 +168,9 @@ def phalanx_roundtrips(tmp: Path, rounds: int) -> dict[str, Any]:
             "PATH": f"{bin_dir}:{venv}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         }
         with _environ(changes, drop=("SLURM_CONF",)):
-            return roundtrips(tmp / "jobs", rounds)
+            out = roundtrips(tmp / "jobs", rounds)
+            out["command_start_s"] = command_start([str(bin_dir / "sinfo"), "--version"], rounds)
+            return out
 
 
 def slurm_roundtrips(tmp: Path, rounds: int) -> dict[str, Any]:
@@ -167,7 +181,9 @@ def slurm_roundtrips(tmp: Path, rounds: int) -> dict[str, Any]:
             "PATH": f"{SLURM_BIN}:{venv}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         }
         with _environ(changes, drop=("PHALANX_HEAD", "PHALANX_TOKEN")):
-            return roundtrips(tmp / "jobs", rounds)
+            out = roundtrips(tmp / "jobs", rounds)
+            out["command_start_s"] = command_start([str(SLURM_BIN / "sinfo"), "--version"], rounds)
+            return out
 
 
 def slurm_queries(tmp: Path, jobs: int, runs: int) -> dict[str, Any]:
@@ -263,7 +279,7 @@ def main() -> None:
         "submitit_roundtrip": rt,
         "submitit_ratios_phalanx_over_slurm_p50": {
             k: ratio(rt["phalanx"][k], rt["slurm"][k], "p50_s")
-            for k in ("submit_s", "result_file_s", "result_s")
+            for k in ("submit_s", "result_file_s", "result_s", "command_start_s")
         },
     }
     if queries is not None:
