@@ -50,7 +50,7 @@ def srun_main(argv: Sequence[str]) -> int:
         files = None
         if patterns:
             append = append_mode(opts.open_mode, os.environ)
-            files = TaskFiles(patterns, os.environ, job.nodes, append)
+            files = TaskFiles(patterns, os.environ, job.nodes, append, cwd=workdir(opts))
     except SrunError as e:
         print(f"srun: error: {e}", file=sys.stderr)
         return 1

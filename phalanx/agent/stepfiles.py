@@ -45,6 +45,7 @@ class TaskFiles:
     environ: Mapping[str, str]
     nodes: list[str]  # the job's nodes in order (`%n` is the index)
     append: bool
+    cwd: str = "."  # relative patterns are relative to the step's working directory (-D)
     _open: dict[str, TextIO] = field(default_factory=dict)
 
     def target(self, stream: str, task_id: int, node: str) -> TextIO | None:
@@ -84,7 +85,7 @@ class TaskFiles:
             array_task_id=number("SLURM_ARRAY_TASK_ID"),
             node_id=self.nodes.index(node) if node in self.nodes else 0,
         )
-        return os.path.abspath(expanded)
+        return os.path.abspath(os.path.join(self.cwd, expanded))
 
     def close(self) -> None:
         for handle in self._open.values():

@@ -124,6 +124,10 @@ def test_srun_output_and_error_files_per_task(cluster: Cluster) -> None:
     r = cluster.sh("srun -n 2 -o all.out -e none bash -c 'echo t$SLURM_PROCID; echo x >&2'")
     assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
     assert sorted((cluster.workdir / "all.out").read_text().splitlines()) == ["t0", "t1"]
+    # A relative pattern is relative to the step's working directory (-D).
+    (cluster.workdir / "sub").mkdir()
+    r = cluster.sh("srun -n 1 -D sub -o t%t.out echo in-sub")
+    assert (r.returncode, (cluster.workdir / "sub" / "t0.out").read_text()) == (0, "in-sub\n")
 
 
 def test_srun_output_file_errors_are_clean(cluster: Cluster) -> None:
