@@ -25,6 +25,7 @@ from submitit.core.utils import FailedJobError, UncompletedJobError
 from tests.slurmcli.clientenv import ShimCluster, shim_cluster, wait_for
 
 R = TypeVar("R")
+TERMINAL = frozenset({"CD", "F", "CA", "TO", "NF", "OOM"})
 
 # The functions below travel to the jobs by value: the job's interpreter need not import
 # this test module (or pytest).
@@ -48,6 +49,18 @@ def result(job: submitit.Job[R], timeout: float = 90.0) -> R:
     if submitit does not see the job end in time."""
     wait_for(f"job {job.job_id} to end", lambda: job.done() or None, timeout)
     return job.result()
+
+
+def _state(slurm: ShimCluster, job: submitit.Job[object]) -> str:
+    """The job's state code as the head has it (cheaper to poll than a `sacct` process)."""
+    with slurm.cluster.client() as api:
+        return api.job(job.job_id).job.state
+
+
+def ended(slurm: ShimCluster, *jobs: submitit.Job[object]) -> None:
+    """Wait until the head has every job ended: submitit's result file appears just before
+    its process exits, so sacct may still say RUNNING for a moment."""
+    wait_for("the jobs to end", lambda: all(_state(slurm, j) in TERMINAL for j in jobs) or None)
 
 
 def executor(folder: Path, **parameters: object) -> submitit.AutoExecutor:
@@ -83,9 +96,11 @@ def test_a_function_runs_as_a_slurm_job_and_returns_its_result(
     total, job_id, executor_name, cwd = result(job)
     assert (total, job_id, executor_name) == (5, job.job_id, "slurm")
     assert cwd == os.getcwd()  # the job runs in the submit directory
-    # srun's --output (with %j and %t) inside the job took the function's print.
-    assert "adding 2 and 3" in Path(job.paths.stdout).read_text()
     # sacct, as submitit reads it, says how the job ended.
+    ended(slurm, job)
+    # srun's --output (with %j and %t) inside the job took the function's print (srun
+    # writes the task's output as it streams it; complete once the job has ended).
+    assert "adding 2 and 3" in Path(job.paths.stdout).read_text()
     assert sacct_state(job) == "COMPLETED"
     with slurm.cluster.client() as api:
         info = api.job(int(job.job_id)).job
@@ -107,14 +122,10 @@ def test_map_array_runs_a_job_array_with_its_parallelism_limit(
     assert [j.job_id for j in jobs] == [f"{array_id}_{i}" for i in range(4)]
     results = [result(j) for j in jobs]
     assert results == [(x * x, array_id, str(i)) for i, x in enumerate([1, 2, 3, 4])]
-    states = {j.job_id: sacct_state(j) for j in jobs}
+    ended(slurm, *jobs)
+    sacct_state(jobs[0])  # one sacct call for the array (-j N), as submitit makes it
+    states = {j.job_id: j.watcher.get_state(j.job_id, mode="cache") for j in jobs}
     assert set(states.values()) == {"COMPLETED"}, states
-
-
-def _state(slurm: ShimCluster, job: submitit.Job[object]) -> str:
-    """The job's state code as the head has it (cheaper to poll than a `sacct` process)."""
-    with slurm.cluster.client() as api:
-        return api.job(int(job.job_id)).job.state
 
 
 def test_a_cancelled_job_ends_cancelled_and_has_no_result(
@@ -170,6 +181,7 @@ def test_a_checkpointable_job_preempted_requeues_itself_and_resumes(
     job._interrupt()  # type: ignore[attr-defined]
     done, first, restarts = result(job)
     assert (done, first, restarts) == (10, 5, "1")
+    ended(slurm, job)
     assert sacct_state(job) == "COMPLETED"
     with slurm.cluster.client() as api:
         info = api.job(int(job.job_id)).job
