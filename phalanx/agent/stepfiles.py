@@ -9,7 +9,7 @@ task in one file, as Slurm does; `none` discards the stream. Files are opened fo
 (`--open-mode=append`, or $SLURM_OPEN_MODE) or truncated once when srun starts
 (`truncate`, Slurm's default); either way srun then writes at the file's end, so lines the
 batch script writes to the same file (submitit's batch output is task 0's file) are never
-overwritten.
+overwritten. A requeued job's later runs append by default, so its earlier runs' lines stay.
 """
 
 from __future__ import annotations
@@ -29,8 +29,13 @@ _MODES = {"append": True, "a": True, "truncate": False, "t": False}
 
 
 def append_mode(option: str | None, environ: Mapping[str, str]) -> bool:
-    """`--open-mode`, else $SLURM_OPEN_MODE, else truncate (Slurm's JobFileAppend=0)."""
-    text = option if option is not None else environ.get("SLURM_OPEN_MODE", "truncate")
+    """`--open-mode`, else $SLURM_OPEN_MODE, else append in a requeued job's later runs (so
+    a checkpointing job keeps the lines of its earlier runs: submitit logs its checkpoint
+    and requeue there) and truncate in its first (Slurm's JobFileAppend=0)."""
+    text = option if option is not None else environ.get("SLURM_OPEN_MODE")
+    if text is None:
+        restarts = environ.get("SLURM_RESTART_COUNT", "0")
+        text = "append" if restarts.isdigit() and int(restarts) > 0 else "truncate"
     try:
         return _MODES[text.strip().lower()]
     except KeyError:

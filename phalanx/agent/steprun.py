@@ -24,6 +24,7 @@ _MAX_STEP_TRIES = 50
 _POLL_MIN_S, _POLL_MAX_S = 0.05, 0.5
 _AGENT_AWAY_S = 30.0  # an agent unreachable this long (not restarting: gone) fails the step
 _STREAMS = ("stdout", "stderr")
+_DRAIN_S = 2.0  # reading the tasks' last output when srun is stopped
 
 
 class Response:
@@ -156,6 +157,9 @@ class StepRun:
         while open_streams:
             if self.stop_signal is not None:
                 print("srun: interrupted; cancelling the step", file=sys.stderr)
+                # What the tasks wrote since the last poll first (a requeued job's last
+                # lines: submitit logs its checkpoint and requeue just before it exits).
+                self._drain(open_streams, offsets, partial)
                 self.kill()
                 return 128 + self.stop_signal
             got = False
@@ -178,6 +182,29 @@ class StepRun:
             if not got and open_streams:
                 time.sleep(delay)
         return max(codes.values(), default=0)
+
+    def _drain(
+        self,
+        streams: set[tuple[str, int, str]],
+        offsets: dict[tuple[str, int, str], int],
+        partial: dict[tuple[str, int, str], str],
+    ) -> None:
+        """Emit the output the tasks have written and srun has not read yet, within
+        _DRAIN_S (best effort: srun is being stopped)."""
+        deadline = time.monotonic() + _DRAIN_S
+        try:
+            for key in sorted(streams):
+                while time.monotonic() < deadline:
+                    chunk = self._log(self.nodes[key[0]], key[1], key[2], offsets[key])
+                    offsets[key] = chunk.next_offset
+                    if chunk.data:
+                        partial[key] = self._emit(key, partial[key] + chunk.data)
+                    if chunk.eof or not chunk.data:
+                        break
+                if partial[key]:
+                    partial[key] = self._emit(key, partial[key] + "\n")
+        except SrunError as e:
+            print(f"srun: warning: output not read to the end: {e}", file=sys.stderr)
 
     def _exit_codes(self) -> dict[int, int]:
         """Shell-style codes of the tasks that ended (128 + signal when killed)."""

@@ -124,6 +124,11 @@ def test_srun_output_and_error_files_per_task(cluster: Cluster) -> None:
     r = cluster.sh("srun -n 2 -o all.out -e none bash -c 'echo t$SLURM_PROCID; echo x >&2'")
     assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
     assert sorted((cluster.workdir / "all.out").read_text().splitlines()) == ["t0", "t1"]
+    # A requeued job's later runs append (the earlier run's lines stay).
+    r = cluster.sh("srun -n 1 -o all.out echo again", env={"SLURM_RESTART_COUNT": "1"})
+    assert r.returncode == 0
+    assert (cluster.workdir / "all.out").read_text().endswith("\nagain\n")
+    assert len((cluster.workdir / "all.out").read_text().splitlines()) == 3
     # A relative pattern is relative to the step's working directory (-D).
     (cluster.workdir / "sub").mkdir()
     r = cluster.sh("srun -n 1 -D sub -o t%t.out echo in-sub")
@@ -181,6 +186,33 @@ def test_srun_sigterm_cancels_the_step(cluster: Cluster) -> None:
         srun.send_signal(signal.SIGTERM)
         assert srun.wait(timeout=30) == 128 + signal.SIGTERM
         wait_for("step tasks to die", lambda: not any(pid_alive(p) for p in pids))
+    finally:
+        srun.kill()
+        srun.communicate()
+
+
+def test_srun_stopped_still_prints_what_the_tasks_wrote(cluster: Cluster) -> None:
+    """A stopped srun (a requeue, a preemption) reads the tasks' last lines before it
+    cancels the step: submitit logs its checkpoint and requeue just before it exits."""
+    srun = subprocess.Popen(
+        ["srun", "-N", "1", "bash", "-c", "echo first; sleep 3; echo last words; sleep 30"],
+        env=cluster.env,
+        cwd=cluster.workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        logs = cluster.agents[0].ctx.state_dir / "logs" / "7" / "e1"
+
+        def written() -> bool | None:
+            return any("last words" in p.read_text() for p in logs.glob("step-*/task-0.out"))
+
+        wait_for("the task's last line", written)
+        srun.send_signal(signal.SIGTERM)  # srun polls every 0.5 s by now: it has not read it
+        out, _ = srun.communicate(timeout=30)
+        assert srun.returncode == 128 + signal.SIGTERM
+        assert out == "first\nlast words\n"
     finally:
         srun.kill()
         srun.communicate()

@@ -186,3 +186,37 @@ def test_a_checkpointable_job_preempted_requeues_itself_and_resumes(
     with slurm.cluster.client() as api:
         info = api.job(int(job.job_id)).job
     assert info.restart_count == 1
+
+
+def test_a_checkpointable_job_preempted_by_the_scheduler_resumes(
+    slurm: ShimCluster, tmp_path: Path
+) -> None:
+    """A real Phalanx preemption: a low-QOS submitit job holding a node's GPUs, asking for
+    its preemption notice as USR2 (submitit's signal), gives way to a high-QOS job needing
+    every GPU; submitit's handler checkpoints, the job is requeued and resumes."""
+    progress = tmp_path / "progress"
+    job = executor(
+        tmp_path / "jobs",
+        gpus_per_node=2,
+        slurm_qos="low",
+        slurm_additional_parameters={"preempt-signal": "USR2"},
+        timeout_min=60,
+    ).submit(Counter(), str(progress), 10)
+    reached = wait_for("the first run to reach step 5", lambda: _read(progress) == "5" or None)
+    assert reached
+    urgent = slurm.run(
+        "sbatch", "--parsable", "-q", "high", "-N", "2", "--gpus-per-node=2", "--wrap=true",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert urgent.returncode == 0, urgent.stderr
+    assert result(job) == (10, 5, "1")
+    ended(slurm, job)
+    with slurm.cluster.client() as api:
+        detail = api.job(int(job.job_id))
+    kinds = [e.kind for e in detail.events]
+    assert "preempting" in kinds and "requeued" in kinds, kinds
+    assert any(e.kind == "signal" and e.message.startswith("SIGUSR2") for e in detail.events)
+    # Both runs are in the log (the rerun's srun appends to the file).
+    log = Path(job.paths.stdout).read_text()
+    assert log.count(f"Starting with JobEnvironment(job_id={job.job_id},") == 2, log
+    assert log.rstrip().endswith("Exiting after successful completion"), log
