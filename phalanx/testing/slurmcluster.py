@@ -190,10 +190,17 @@ class SlurmCluster:
     def run(
         self, *argv: str, check: bool = True, timeout: float = 30.0
     ) -> subprocess.CompletedProcess[str]:
-        """Run one real Slurm client command (`sbatch`, `squeue`, …) against this cluster."""
+        """Run one real Slurm client command (`sbatch`, `squeue`, …) against this cluster,
+        in its folder (where a job's default output, slurm-%j.out, lands)."""
         cmd = [str(SLURM_BIN / argv[0]), *argv[1:]] if "/" not in argv[0] else list(argv)
         return subprocess.run(
-            cmd, env=self.env(), capture_output=True, text=True, check=check, timeout=timeout
+            cmd,
+            env=self.env(),
+            cwd=self.root,
+            capture_output=True,
+            text=True,
+            check=check,
+            timeout=timeout,
         )
 
     def job_state(self, job_id: str) -> str | None:
