@@ -37,6 +37,7 @@ def srun_main(argv: Sequence[str]) -> int:
     """Run a job step: start tasks on the job's agents, stream their output, wait, and
     exit with the highest task exit code (128 + signal for a killed task)."""
     # Imported here so `scontrol` (often run in loops by job scripts) starts light.
+    from .stepfiles import TaskFiles, append_mode
     from .stepplan import SrunError, job_context, parse_srun, plan_step, workdir
     from .steprun import Http, StepRun
 
@@ -44,13 +45,19 @@ def srun_main(argv: Sequence[str]) -> int:
         opts = parse_srun(argv)
         job = job_context(os.environ)
         plan = plan_step(opts, job, os.environ)
+        streams = {"stdout": opts.output, "stderr": opts.error}
+        patterns = {stream: p for stream, p in streams.items() if p is not None}
+        files = None
+        if patterns:
+            append = append_mode(opts.open_mode, os.environ)
+            files = TaskFiles(patterns, os.environ, job.nodes, append, cwd=workdir(opts))
     except SrunError as e:
         print(f"srun: error: {e}", file=sys.stderr)
         return 1
     for option in opts.ignored:
         print(f"srun: note: {option} is accepted and ignored by Phalanx", file=sys.stderr)
     client = Http(job.step_token, os.environ.get(CA_PEM_ENV))
-    step = StepRun(client, job, plan, workdir(opts), label=opts.label)
+    step = StepRun(client, job, plan, workdir(opts), label=opts.label, files=files)
     # Handlers first: a signal that arrives while the step launches still cancels it.
     previous = {sig: signal.signal(sig, step.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     # Notices (preemption, --signal, cancel --signal) reach the step's tasks from their
@@ -69,6 +76,8 @@ def srun_main(argv: Sequence[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         client.close()
+        if files is not None:
+            files.close()
 
 
 # ----------------------------------------------------------------------------- scontrol

@@ -45,6 +45,7 @@ _IGNORED_FLAGS = (
     ("-O", "--overcommit"),
     ("-Q", "--quiet"),
     ("-X", "--disable-status"),
+    ("-v", "--verbose"),
 )
 
 
@@ -62,6 +63,9 @@ class SrunOptions:
     export: str | None = None
     cpus_per_task: int | None = None
     chdir: str | None = None
+    output: str | None = None  # -o/--output: a Slurm filename pattern per task
+    error: str | None = None  # -e/--error
+    open_mode: str | None = None  # --open-mode=append|truncate
     ignored: tuple[str, ...] = ()
 
 
@@ -81,6 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--export", help="ALL (default), NONE, or [ALL,]VAR[=VALUE],…")
     p.add_argument("-c", "--cpus-per-task", type=int, help="sets SLURM_CPUS_PER_TASK")
     p.add_argument("-D", "--chdir", help="working directory of the tasks")
+    p.add_argument("-o", "--output", help="write each task's stdout to this file pattern")
+    p.add_argument("-e", "--error", help="write each task's stderr to this file pattern")
+    p.add_argument("--open-mode", help="append or truncate the -o/-e files")
     for names in _IGNORED_WITH_VALUE:
         p.add_argument(*names, dest="ignored", action=_Note, help=argparse.SUPPRESS)
     for names in _IGNORED_FLAGS:
@@ -141,6 +148,9 @@ def parse_srun(argv: Sequence[str]) -> SrunOptions:
         export=ns.export,
         cpus_per_task=ns.cpus_per_task,
         chdir=ns.chdir,
+        output=ns.output,
+        error=ns.error,
+        open_mode=ns.open_mode,
         ignored=tuple(dict.fromkeys(ns.ignored or [])),
     )
 

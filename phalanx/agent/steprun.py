@@ -17,12 +17,14 @@ from phalanx.api import version
 from phalanx.api.models import LogChunk, StepLaunch, StepStatus
 from phalanx.tls import CA_PEM_ENV
 
+from .stepfiles import TaskFiles
 from .stepplan import JobContext, NodeTasks, SrunError
 
 _MAX_STEP_TRIES = 50
 _POLL_MIN_S, _POLL_MAX_S = 0.05, 0.5
 _AGENT_AWAY_S = 30.0  # an agent unreachable this long (not restarting: gone) fails the step
 _STREAMS = ("stdout", "stderr")
+_DRAIN_S = 2.0  # reading the tasks' last output when srun is stopped
 
 
 class Response:
@@ -96,9 +98,16 @@ class StepRun:
     """One launched step: its agents, its tasks' output offsets, their exits."""
 
     def __init__(
-        self, client: Http, job: JobContext, plan: list[NodeTasks], cwd: str, label: bool
+        self,
+        client: Http,
+        job: JobContext,
+        plan: list[NodeTasks],
+        cwd: str,
+        label: bool,
+        files: TaskFiles | None = None,
     ) -> None:
         self.client = client
+        self.files = files  # -o/-e: tasks' streams to files instead of srun's own
         self.job = job
         self.plan = plan
         self.cwd = cwd
@@ -148,6 +157,9 @@ class StepRun:
         while open_streams:
             if self.stop_signal is not None:
                 print("srun: interrupted; cancelling the step", file=sys.stderr)
+                # What the tasks wrote since the last poll first (a requeued job's last
+                # lines: submitit logs its checkpoint and requeue just before it exits).
+                self._drain(open_streams, offsets, partial)
                 self.kill()
                 return 128 + self.stop_signal
             got = False
@@ -171,6 +183,29 @@ class StepRun:
                 time.sleep(delay)
         return max(codes.values(), default=0)
 
+    def _drain(
+        self,
+        streams: set[tuple[str, int, str]],
+        offsets: dict[tuple[str, int, str], int],
+        partial: dict[tuple[str, int, str], str],
+    ) -> None:
+        """Emit the output the tasks have written and srun has not read yet, within
+        _DRAIN_S (best effort: srun is being stopped)."""
+        deadline = time.monotonic() + _DRAIN_S
+        try:
+            for key in sorted(streams):
+                while time.monotonic() < deadline:
+                    chunk = self._log(self.nodes[key[0]], key[1], key[2], offsets[key])
+                    offsets[key] = chunk.next_offset
+                    if chunk.data:
+                        partial[key] = self._emit(key, partial[key] + chunk.data)
+                    if chunk.eof or not chunk.data:
+                        break
+                if partial[key]:
+                    partial[key] = self._emit(key, partial[key] + "\n")
+        except SrunError as e:
+            print(f"srun: warning: output not read to the end: {e}", file=sys.stderr)
+
     def _exit_codes(self) -> dict[int, int]:
         """Shell-style codes of the tasks that ended (128 + signal when killed)."""
         codes = {}
@@ -188,7 +223,8 @@ class StepRun:
     def _emit(self, key: tuple[str, int, str], text: str) -> str:
         """Write complete lines (labelled with `-l`), so tasks' lines never interleave
         mid-line; return the unfinished rest."""
-        out: TextIO = sys.stdout if key[2] == "stdout" else sys.stderr
+        own: TextIO = sys.stdout if key[2] == "stdout" else sys.stderr
+        out = (self.files.target(key[2], key[1], key[0]) if self.files else None) or own
         *lines, rest = text.split("\n")
         prefix = f"{key[1]}: " if self.label else ""
         if lines:

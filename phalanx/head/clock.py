@@ -94,7 +94,18 @@ def _time_limit(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
         return
     left = max(0.0, started + limit - now)
     reason = f"{TIME_LIMIT_NOTICE}{left:.0f} s (--signal)"
-    notify(mirror, tx, rec, sig.signal, reason, now, batch_only=sig.batch_only)
+    # As Slurm's --signal: the batch shell only with B:, else the job's steps only (the
+    # agent gives a job without a batch script to its ranks, which are its tasks).
+    notify(
+        mirror,
+        tx,
+        rec,
+        sig.signal,
+        reason,
+        now,
+        batch_only=sig.batch_only,
+        steps_only=not sig.batch_only,
+    )
 
 
 def _hang(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:

@@ -10,7 +10,7 @@ from phalanx.slurmcli.fields import FormatError
 
 FORMS = (
     "HH:MM[:SS][AM|PM], MMDD[YY][-HH:MM[:SS]], MM.DD[.YY][-HH:MM[:SS]], "
-    "MM/DD[/YY][-HH:MM[:SS]], YYYY-MM-DD[THH:MM[:SS]], today, midnight, noon, "
+    "MM/DD[/YY][-HH:MM[:SS]], YYYY-MM-DD[{T|-}HH:MM[:SS]], today, midnight, noon, "
     "elevenses, fika, teatime, now[{+|-}count[seconds|minutes|hours|days|weeks]]"
 )
 _UNITS = {
@@ -24,7 +24,9 @@ _NAMED_HOURS = {"midnight": 0, "elevenses": 11, "noon": 12, "fika": 15, "teatime
 _NOW = re.compile(r"now(?:([+-])([0-9]{1,9})([a-z]*))?")
 _CLOCK = r"([0-9]{1,2}):([0-9]{2})(?::([0-9]{2}))?"
 _HOUR = re.compile(_CLOCK + r"\s*(am|pm)?")
-_ISO = re.compile(r"([0-9]{4})-([0-9]{1,2})-([0-9]{1,2})(?:t" + _CLOCK + ")?")
+# `T` or `-` between date and time: Slurm takes both (TorchX lists jobs with
+# `sacct -S1970-01-01-00:00:01`).
+_ISO = re.compile(r"([0-9]{4})-([0-9]{1,2})-([0-9]{1,2})(?:[t-]" + _CLOCK + ")?")
 _DAY = re.compile(r"([0-9]{1,2})([./]?)([0-9]{1,2})(?:\2([0-9]{2}))?(?:-" + _CLOCK + ")?")
 
 

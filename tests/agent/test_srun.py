@@ -28,11 +28,13 @@ class Cluster:
     env: dict[str, str]  # what job 7's batch script sees on node 0
     workdir: Path
 
-    def sh(self, script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def sh(
+        self, script: str, timeout: float = 60, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         """Run `script` with bash as job 7's batch script would (srun/scontrol on PATH)."""
         return subprocess.run(
             ["bash", "-c", script],
-            env=self.env,
+            env={**self.env, **(env or {})},
             cwd=self.workdir,
             capture_output=True,
             text=True,
@@ -101,6 +103,48 @@ def test_srun_nodelist_and_stderr(cluster: Cluster) -> None:
     assert task_err.read_text() == "oops\n"
 
 
+def test_srun_output_and_error_files_per_task(cluster: Cluster) -> None:
+    """submitit's form: `srun --unbuffered --output DIR/%j_%t_log.out --error …`; each
+    task's streams go to its own file, appended after what the batch script wrote."""
+    out = cluster.workdir / "7_0_log.out"
+    out.write_text("batch line\n")
+    r = cluster.sh(
+        "srun -vv --unbuffered --output %j_%t_log.out --error=%j_%t_%N.err -n 3 "
+        "bash -c 'echo out $SLURM_PROCID; echo err $SLURM_PROCID >&2'",
+        env={"SLURM_OPEN_MODE": "append"},
+    )
+    assert (r.returncode, r.stdout) == (0, "")
+    assert out.read_text() == "batch line\nout 0\n"
+    assert (cluster.workdir / "7_2_log.out").read_text() == "out 2\n"
+    assert (cluster.workdir / "7_1_127.0.0.2.err").read_text() == "err 1\n"
+    assert (cluster.workdir / "7_2_127.0.0.3.err").read_text() == "err 2\n"
+    # Without a per-task field every task shares one file; truncate (Slurm's default)
+    # empties it once, `none` discards a stream.
+    (cluster.workdir / "all.out").write_text("old\n")
+    r = cluster.sh("srun -n 2 -o all.out -e none bash -c 'echo t$SLURM_PROCID; echo x >&2'")
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+    assert sorted((cluster.workdir / "all.out").read_text().splitlines()) == ["t0", "t1"]
+    # A requeued job's later runs append (the earlier run's lines stay).
+    r = cluster.sh("srun -n 1 -o all.out echo again", env={"SLURM_RESTART_COUNT": "1"})
+    assert r.returncode == 0
+    assert (cluster.workdir / "all.out").read_text().endswith("\nagain\n")
+    assert len((cluster.workdir / "all.out").read_text().splitlines()) == 3
+    # A relative pattern is relative to the step's working directory (-D).
+    (cluster.workdir / "sub").mkdir()
+    r = cluster.sh("srun -n 1 -D sub -o t%t.out echo in-sub")
+    assert (r.returncode, (cluster.workdir / "sub" / "t0.out").read_text()) == (0, "in-sub\n")
+
+
+def test_srun_output_file_errors_are_clean(cluster: Cluster) -> None:
+    r = cluster.sh("srun -n 1 --open-mode=sideways -o x.out true")
+    assert r.returncode == 1
+    assert r.stderr.strip() == "srun: error: --open-mode=sideways: expected append or truncate"
+    r = cluster.sh("srun -n 1 -o /nonexistent/dir/x.out echo hi")
+    assert r.returncode == 1
+    assert "srun: error: cannot open stdout file /nonexistent/dir/x.out" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_srun_exit_code_is_the_worst_task(cluster: Cluster) -> None:
     r = cluster.sh("srun -n 3 bash -c 'exit $((SLURM_PROCID + 3))'")
     assert r.returncode == 5
@@ -142,6 +186,33 @@ def test_srun_sigterm_cancels_the_step(cluster: Cluster) -> None:
         srun.send_signal(signal.SIGTERM)
         assert srun.wait(timeout=30) == 128 + signal.SIGTERM
         wait_for("step tasks to die", lambda: not any(pid_alive(p) for p in pids))
+    finally:
+        srun.kill()
+        srun.communicate()
+
+
+def test_srun_stopped_still_prints_what_the_tasks_wrote(cluster: Cluster) -> None:
+    """A stopped srun (a requeue, a preemption) reads the tasks' last lines before it
+    cancels the step: submitit logs its checkpoint and requeue just before it exits."""
+    srun = subprocess.Popen(
+        ["srun", "-N", "1", "bash", "-c", "echo first; sleep 3; echo last words; sleep 30"],
+        env=cluster.env,
+        cwd=cluster.workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        logs = cluster.agents[0].ctx.state_dir / "logs" / "7" / "e1"
+
+        def written() -> bool | None:
+            return any("last words" in p.read_text() for p in logs.glob("step-*/task-0.out"))
+
+        wait_for("the task's last line", written)
+        srun.send_signal(signal.SIGTERM)  # srun polls every 0.5 s by now: it has not read it
+        out, _ = srun.communicate(timeout=30)
+        assert srun.returncode == 128 + signal.SIGTERM
+        assert out == "first\nlast words\n"
     finally:
         srun.kill()
         srun.communicate()

@@ -144,7 +144,9 @@ def time_limit_signal(loop: HeadLoop) -> int:
     loop.advance(45)
     assert loop.job(job).notices == []
     loop.advance(7)
-    assert [n.signal for n in loop.job(job).notices] == ["SIGUSR1"]
+    # Slurm's reach without B: the steps (srun's tasks), not a batch script.
+    notices = [(n.signal, n.steps_only, n.batch_only) for n in loop.job(job).notices]
+    assert notices == [("SIGUSR1", True, False)]
     assert loop.state(job) == "R"
     loop.advance(12)
     assert loop.job(job).exit_code == "0:15"
