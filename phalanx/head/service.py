@@ -10,6 +10,7 @@ import ssl
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from prometheus_client import Counter
 from pydantic import ValidationError
 
 from phalanx.api import models as m
@@ -61,6 +62,13 @@ class Head:
         self.metrics = HeadMetrics(self.mirror, control.lock)  # Prometheus (head/metrics.py)
         self.metrics.usage = self.usage  # the idle-GPU series
         control.on_committed.append(self.metrics.observe)
+        self.beats = Counter(
+            "phalanx_heartbeats",
+            "Agent heartbeats by kind: full reports, deltas, lease renewals (deltas with no "
+            "news), deltas refused (base unknown: a full report asked), stale reports.",
+            ("kind",),
+            registry=self.metrics.registry,
+        )
         # The overview's utilisation chart, minute by minute (head/utilhistory.py).
         holders = self.metrics.gpu_holders
         self.util_history = UtilHistory(lambda node: frozenset(holders.current().get(node, ())))
@@ -459,23 +467,27 @@ class Head:
             raise Forbidden("heartbeats need a node credential")
         if who.node != hb.name:
             raise Forbidden(f"this node credential is node {who.node!r}'s, not {hb.name!r}")
-        if not self._renew_lease(hb):
+        if self._renew_lease(hb):
+            self.beats.labels("lease").inc()
+        else:
 
-            def op(tx: Tx) -> bool:
+            def op(tx: Tx) -> str:
                 node = self.mirror.nodes.get(hb.name)
                 if node is None:
                     raise HeadError(404, f"node {hb.name!r} is not registered")
                 if self.mirror.held.stale(hb):  # a long poll the agent gave up on, late
                     reports.renew(self.mirror, tx, node, tx.now)
-                    return False
+                    return "stale"
                 full = self.mirror.held.resolve(hb)
                 if full is None:  # a delta on a base the head does not hold: ask for all
                     reports.renew(self.mirror, tx, node, tx.now)
-                    return True
+                    return "refused"
                 reports.heartbeat(self.mirror, tx, node, full, tx.now)
-                return False
+                return "full" if hb.delta is None else "delta"
 
-            if await self.control.run_async(op):
+            kind = await self.control.run_async(op)
+            self.beats.labels(kind).inc()
+            if kind == "refused":
                 return self.desired_json(hb.name, full_report=True)
         if hb.gpus:
             self.samples.observe(hb.name, hb.gpus, self.now())
