@@ -1,0 +1,291 @@
+"""Heartbeats at scale: round trip and head CPU of N simulated agents, before and after.
+
+    python bench/heartbeat.py [--nodes 2000] [--seconds 20] [--procs 2] [--jobs 0.5]
+                              [--baseline-ref REF]
+
+Three runs in one invocation, each against a fresh head process (SQLite, plain HTTP on
+loopback) with `--nodes` SimNodes (phalanx/testing/fleet.py: the real agent protocol,
+8 GPUs each) spread over `--procs` client processes, a `--jobs` share of the nodes running
+a one-node job (their answers carry an assignment):
+
+- `baseline`: the head as it was at `--baseline-ref` (default: where this branch left
+  main), its files extracted by `git archive`, and agents sending full reports;
+- `full`: this head, agents sending full reports (agents older than delta heartbeats);
+- `delta`: this head, agents sending deltas (agent/reportdelta.py).
+
+After a warm-up (nodes register, get their jobs, report them running), each node
+heartbeats at the interval its head tells it (2 s by default; this head scales it with the
+fleet: head/intervals.py) with no long poll and nothing changing: the "no change pending"
+round trip of the issue's target. Reported per run: round trip p50/p99 (ms, client side:
+includes the client processes' own queueing on a shared machine), heartbeats per second
+answered, the head's CPU (% of one core, from /proc over the measured window) and its CPU
+per heartbeat; then ratios delta / baseline; and the host's CPU steal over the run.
+Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _stat() -> tuple[int, int]:
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return sum(values), values[7]
+
+
+def _baseline_tree(ref: str, into: Path) -> Path:
+    """The `phalanx` package as it was at `ref`, extracted under `into`."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "phalanx"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+class HeadProcess:
+    """`serve()` of the phalanx package at `source` (None: this tree) in a process."""
+
+    def __init__(self, state: Path, source: Path | None) -> None:
+        self.state = state
+        port = _free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        code = (
+            "from pathlib import Path; from phalanx.head.server import serve; "
+            f"serve(Path({str(state)!r}), '127.0.0.1', {port})"
+        )
+        env = {**os.environ, "PYTHONPATH": str(source or ROOT)}
+        state.mkdir(parents=True, mode=0o700)
+        self.log = open(state.parent / f"{state.name}.log", "wb")  # noqa: SIM115
+        # Run from outside this tree: the working directory comes first on sys.path.
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=str(state.parent),
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError((state.parent / f"{state.name}.log").read_text()[-3000:])
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the head did not start in 60 s")
+            time.sleep(0.1)
+
+    def token(self, name: str) -> str:
+        return (self.state / f"{name}.token").read_text().strip()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def _worker(
+    conn: Connection, url: str, join: str, count: int, first: int, protocol: str, seconds: float
+) -> None:
+    """One client process: `count` SimNodes. Registers them, says so, waits for "go", runs
+    a warm-up, then the measured window; sends back its round trips and counts."""
+    from phalanx.testing.fleet import Fleet, Protocol
+
+    speak = cast(Protocol, protocol)
+
+    async def main() -> dict[str, Any]:
+        fleet = Fleet.make(url, join, count, first_address=first, prefix="hb", protocol=speak)
+        fleet.concurrency = 512
+        async with fleet.client() as client:
+            await fleet.register_all(client)
+        conn.send("registered")
+        await asyncio.to_thread(conn.recv)  # "go": the jobs are queued
+        warm = max(6.0, 3 * fleet.nodes[0].heartbeat_s)
+        await fleet.run(warm, register=False)
+        for node in fleet.nodes:
+            node.latencies.clear()
+        began = time.monotonic()
+        await fleet.run(seconds, register=False)
+        window = time.monotonic() - began
+        latencies = [x for n in fleet.nodes for x in n.latencies]
+        fulls = sum(n.reports.full_reports for n in fleet.nodes)
+        deltas = sum(n.reports.delta_reports for n in fleet.nodes)
+        return {
+            "latencies": latencies,
+            "window_s": window,
+            "errors": fleet.errors[:5],
+            "running": len(fleet.running_jobs()),
+            "interval_s": fleet.nodes[0].heartbeat_s,
+            "full_reports": fulls,
+            "delta_reports": deltas,
+        }
+
+    conn.send(asyncio.run(main()))
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(
+    name: str, source: Path | None, protocol: str, args: argparse.Namespace, tmp: Path
+) -> dict[str, Any]:
+    head = HeadProcess(tmp / f"{name}-head", source)
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        per = -(-args.nodes // args.procs)
+        pipes, procs = [], []
+        for i in range(args.procs):
+            count = min(per, args.nodes - i * per)
+            if count <= 0:
+                break
+            parent, child = ctx.Pipe()
+            p = ctx.Process(
+                target=_worker,
+                args=(child, head.url, head.token("join"), count, i * per, protocol, args.seconds),
+            )
+            p.start()
+            pipes.append(parent)
+            procs.append(p)
+        for pipe in pipes:
+            if pipe.recv() != "registered":
+                raise RuntimeError("a client process failed to register its nodes")
+        jobs = int(args.nodes * args.jobs)
+        spec = {"command": ["train"], "workdir": "/tmp", "gpus_per_node": 8}
+        with httpx.Client(
+            base_url=head.url, headers={"Authorization": f"Bearer {head.token('admin')}"}
+        ) as admin:
+            for _ in range(jobs):
+                admin.post("/v1/jobs", json=spec).raise_for_status()
+        cpu0, (t0, s0), wall0 = None, _stat(), time.monotonic()
+        for pipe in pipes:
+            pipe.send("go")
+        # The measured window starts after the warm-up: sample the head's CPU then.
+        warm = max(6.0, 3 * 2.67)
+        time.sleep(warm)
+        cpu0, wall0 = _cpu_s(head.proc.pid), time.monotonic()
+        results = [pipe.recv() for pipe in pipes]
+        cpu1, wall1 = _cpu_s(head.proc.pid), time.monotonic()
+        t1, s1 = _stat()
+        for p in procs:
+            p.join(timeout=30)
+        latencies = [x for r in results for x in r["latencies"]]
+        window = max(r["window_s"] for r in results)
+        head_cpu_pct = 100.0 * (cpu1 - cpu0) / max(1e-9, wall1 - wall0)
+        beats_per_s = len(latencies) / window
+        return {
+            "protocol": protocol,
+            "head": "baseline" if source is not None else "this",
+            "nodes": args.nodes,
+            "running_jobs": sum(r["running"] for r in results),
+            "interval_s": results[0]["interval_s"],
+            "heartbeats": len(latencies),
+            "heartbeats_per_s": round(beats_per_s, 1),
+            "rtt_p50_ms": round(1000 * _pct(latencies, 0.50), 2),
+            "rtt_p99_ms": round(1000 * _pct(latencies, 0.99), 2),
+            "rtt_mean_ms": round(1000 * statistics.fmean(latencies), 2) if latencies else None,
+            "head_cpu_pct": round(head_cpu_pct, 1),
+            "head_cpu_ms_per_heartbeat": round(
+                10.0 * head_cpu_pct / max(1e-9, beats_per_s), 3
+            ),  # % of a core / (beats/s) × 10 = ms of CPU per beat
+            "reports": {
+                "full": sum(r["full_reports"] for r in results),
+                "delta": sum(r["delta_reports"] for r in results),
+            },
+            "errors": [e for r in results for e in r["errors"]][:5],
+            "host_steal_pct": round(100.0 * (s1 - s0) / max(1, t1 - t0), 1),
+        }
+    finally:
+        head.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=2000)
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--procs", type=int, default=2, help="client processes")
+    ap.add_argument("--jobs", type=float, default=0.5, help="share of nodes running a job")
+    ap.add_argument("--baseline-ref", default=None, help="git ref of the baseline head")
+    args = ap.parse_args()
+    ref = (
+        args.baseline_ref
+        or subprocess.run(
+            ["git", "-C", str(ROOT), "merge-base", "HEAD", "main"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
+    out: dict[str, Any] = {
+        "bench": "heartbeat",
+        "nodes": args.nodes,
+        "seconds": args.seconds,
+        "client_processes": args.procs,
+        "cpus": os.cpu_count(),
+        "baseline_ref": ref,
+    }
+    with tempfile.TemporaryDirectory(prefix="phalanx-hb-") as d:
+        tmp = Path(d)
+        (tmp / "baseline").mkdir()
+        base = _baseline_tree(ref, (tmp / "baseline").resolve())
+        runs = {
+            "baseline": run("baseline", base, "full", args, tmp),
+            "full": run("full", None, "full", args, tmp),
+            "delta": run("delta", None, "delta", args, tmp),
+        }
+    out["runs"] = runs
+    b, f, d_ = runs["baseline"], runs["full"], runs["delta"]
+    out["ratios"] = {
+        "rtt_p99_delta_over_baseline": round(d_["rtt_p99_ms"] / b["rtt_p99_ms"], 3),
+        "rtt_p50_delta_over_baseline": round(d_["rtt_p50_ms"] / b["rtt_p50_ms"], 3),
+        "head_cpu_per_beat_delta_over_baseline": round(
+            d_["head_cpu_ms_per_heartbeat"] / b["head_cpu_ms_per_heartbeat"], 3
+        ),
+        "head_cpu_per_beat_full_over_baseline": round(
+            f["head_cpu_ms_per_heartbeat"] / b["head_cpu_ms_per_heartbeat"], 3
+        ),
+    }
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
