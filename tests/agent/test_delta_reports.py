@@ -218,3 +218,22 @@ def test_a_real_agent_speaks_full_reports_to_an_old_head_and_deltas_to_a_new_one
         head.close()
     log = (tmp_path / "agent.log").read_text()
     assert "Traceback" not in log and "fenced" not in log
+
+
+def test_an_agent_moving_to_another_head_starts_it_with_a_full_report(tmp_path: Path) -> None:
+    first = DeltaHead(desired(heartbeat_s=0.3, lease_s=30.0))
+    second = DeltaHead(desired(heartbeat_s=0.3, lease_s=30.0))
+    first.mode = second.mode = "ack"
+    urls = f"{first.url},{second.url}"
+    agent = AgentProcess(urls, ADDRESS, tmp_path / "state", tmp_path / "agent.log")
+    try:
+        wait_for("deltas to the first head", lambda: any(b.delta for b in first.seen()))
+        first.close()  # gone (a failover): the agent moves to the standby
+        wait_for("reports to the second head", lambda: len(second.seen()) >= 3)
+        beats = second.seen()
+        assert beats[0].delta is None  # it holds none of this node's reports
+        assert any(b.delta is not None for b in beats[1:])  # acknowledged: deltas again
+        assert agent.proc.poll() is None
+    finally:
+        agent.stop()
+        second.close()
