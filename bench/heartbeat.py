@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection as MpConnection
 from pathlib import Path
 from typing import Any, cast
 
@@ -120,36 +120,125 @@ class HeadProcess:
         self.log.close()
 
 
+class Connection:
+    """One node's keep-alive HTTP/1.1 connection to the head, as plain as it gets: httpx
+    costs the client ~1 ms of CPU per request and its pool O(connections) per request,
+    which on a shared 2-core machine measures the clients rather than the head."""
+
+    def __init__(self, host: str, port: int, token: str) -> None:
+        self.host, self.port = host, port
+        self.prefix = (
+            f"POST /v1/agent/heartbeat HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        ).encode()
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None or self.reader is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.writer.write(self.prefix + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        status = int((await self.reader.readline()).split()[1])
+        length = 0
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        return status, await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
 def _worker(
-    conn: Connection, url: str, join: str, count: int, first: int, protocol: str, seconds: float
+    conn: MpConnection,
+    url: str,
+    join: str,
+    count: int,
+    first: int,
+    protocol: str,
+    seconds: float,
 ) -> None:
     """One client process: `count` SimNodes. Registers them, says so, waits for "go", runs
     a warm-up, then the measured window; sends back its round trips and counts."""
-    from phalanx.testing.fleet import Fleet, Protocol
+    from phalanx.api.models import DesiredState
+    from phalanx.testing.fleet import Fleet, Protocol, SimNode
 
     speak = cast(Protocol, protocol)
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+
+    async def node_loop(
+        node: SimNode, until: float, measure_from: float, offset: float, out: list[float]
+    ) -> None:
+        link = Connection(host, int(port), node.token)
+        await asyncio.sleep(offset)
+        try:
+            while time.monotonic() < until:
+                began = time.monotonic()
+                beat = node.heartbeat(0.0, lambda _job: 95.0)
+                sent = time.perf_counter()
+                try:
+                    status, answer = await link.post(beat.model_dump_json().encode())
+                except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
+                    link.close()
+                    errors.append(f"{node.name}: connection lost")
+                    await asyncio.sleep(1.0)
+                    continue
+                if began >= measure_from:
+                    out.append(time.perf_counter() - sent)
+                node.heartbeats += 1
+                if status == 422 and beat.delta is not None:
+                    node.reports.reset()  # a head before deltas: full reports
+                    continue
+                if status != 200:
+                    errors.append(f"{node.name}: {status} {answer[:200]!r}")
+                    await asyncio.sleep(1.0)
+                    continue
+                raw = json.loads(answer)
+                again = bool(raw.get("full_report"))
+                if raw["version"] != node.version or again or (not node.running and raw["jobs"]):
+                    node.apply(DesiredState.model_validate_json(answer), time.time())
+                else:  # nothing new: only what the answer acknowledges
+                    node.heartbeat_s = raw["heartbeat_s"]
+                    node.reports.answered(raw.get("report_ack"), False)
+                if again:
+                    continue  # the head asks for a full report: at once
+                await asyncio.sleep(max(0.0, node.heartbeat_s - (time.monotonic() - began)))
+        finally:
+            link.close()
+
+    errors: list[str] = []
 
     async def main() -> dict[str, Any]:
         fleet = Fleet.make(url, join, count, first_address=first, prefix="hb", protocol=speak)
-        fleet.concurrency = 512
+        fleet.concurrency = 32  # registering: a write each, in the head's one writer
         async with fleet.client() as client:
             await fleet.register_all(client)
         conn.send("registered")
         await asyncio.to_thread(conn.recv)  # "go": the jobs are queued
-        warm = max(6.0, 3 * fleet.nodes[0].heartbeat_s)
-        await fleet.run(warm, register=False)
-        for node in fleet.nodes:
-            node.latencies.clear()
-        began = time.monotonic()
-        await fleet.run(seconds, register=False)
-        window = time.monotonic() - began
-        latencies = [x for n in fleet.nodes for x in n.latencies]
+        interval = fleet.nodes[0].heartbeat_s
+        start = time.monotonic()
+        measure_from = start + max(6.0, 3 * interval)  # warm-up: jobs placed and reported
+        until = measure_from + seconds
+        latencies: list[float] = []
+        spread = [interval * i / len(fleet.nodes) for i in range(len(fleet.nodes))]
+        await asyncio.gather(
+            *(
+                node_loop(n, until, measure_from, o, latencies)
+                for n, o in zip(fleet.nodes, spread, strict=True)
+            )
+        )
         fulls = sum(n.reports.full_reports for n in fleet.nodes)
         deltas = sum(n.reports.delta_reports for n in fleet.nodes)
         return {
             "latencies": latencies,
-            "window_s": window,
-            "errors": fleet.errors[:5],
+            "window_s": time.monotonic() - measure_from,
+            "errors": errors[:5],
             "running": len(fleet.running_jobs()),
             "interval_s": fleet.nodes[0].heartbeat_s,
             "full_reports": fulls,
@@ -186,6 +275,7 @@ def run(
             p.start()
             pipes.append(parent)
             procs.append(p)
+        print(f"{name}: registering {args.nodes} nodes", file=sys.stderr, flush=True)
         for pipe in pipes:
             if pipe.recv() != "registered":
                 raise RuntimeError("a client process failed to register its nodes")
@@ -196,7 +286,8 @@ def run(
         ) as admin:
             for _ in range(jobs):
                 admin.post("/v1/jobs", json=spec).raise_for_status()
-        cpu0, (t0, s0), wall0 = None, _stat(), time.monotonic()
+        print(f"{name}: {jobs} jobs queued; heartbeating", file=sys.stderr, flush=True)
+        (t0, s0) = _stat()
         for pipe in pipes:
             pipe.send("go")
         # The measured window starts after the warm-up: sample the head's CPU then.
