@@ -1,7 +1,7 @@
 """Heartbeats at scale: round trip and head CPU of N simulated agents, before and after.
 
-    python bench/heartbeat.py [--nodes 2000] [--seconds 20] [--procs 2] [--jobs 0.5]
-                              [--baseline-ref REF]
+    python bench/heartbeat.py [--nodes 2000] [--seconds 20] [--procs 2] [--probes 50]
+                              [--jobs 0.5] [--baseline-ref REF|none]
 
 Three runs in one invocation, each against a fresh head process (SQLite, plain HTTP on
 loopback) with `--nodes` SimNodes (phalanx/testing/fleet.py: the real agent protocol,
@@ -16,10 +16,11 @@ a one-node job (their answers carry an assignment):
 After a warm-up (nodes register, get their jobs, report them running), each node
 heartbeats at the interval its head tells it (2 s by default; this head scales it with the
 fleet: head/intervals.py) with no long poll and nothing changing: the "no change pending"
-round trip of the issue's target. Reported per run: round trip p50/p99 (ms, client side:
-includes the client processes' own queueing on a shared machine), heartbeats per second
-answered, the head's CPU (% of one core, from /proc over the measured window) and its CPU
-per heartbeat; then ratios delta / baseline; and the host's CPU steal over the run.
+round trip of the issue's target. Reported per run: round trip p50/p99 (ms) of `--probes`
+nodes in a client process of their own (lightly loaded, so it is the head's round trip, not
+a busy client's; `loaded_rtt_*`: the other clients' view), heartbeats per second answered,
+the head's CPU (% of one core, from /proc over the measured window) and its CPU per
+heartbeat; then ratios delta / baseline; and the host's CPU steal over the run.
 Prints one JSON object.
 """
 
@@ -261,16 +262,22 @@ def run(
     head = HeadProcess(tmp / f"{name}-head", source)
     try:
         ctx = multiprocessing.get_context("spawn")
-        per = -(-args.nodes // args.procs)
+        # The first client process holds only the probes (lightly loaded: their round trips
+        # are the head's, not a busy client's); the others carry the rest of the fleet.
+        probes = min(args.probes, args.nodes)
+        load = args.nodes - probes
+        per = -(-load // args.procs) if load else 0
+        shares = [(probes, 0)] + [
+            (min(per, load - i * per), probes + i * per)
+            for i in range(args.procs)
+            if load - i * per > 0
+        ]
         pipes, procs = [], []
-        for i in range(args.procs):
-            count = min(per, args.nodes - i * per)
-            if count <= 0:
-                break
+        for count, first in shares:
             parent, child = ctx.Pipe()
             p = ctx.Process(
                 target=_worker,
-                args=(child, head.url, head.token("join"), count, i * per, protocol, args.seconds),
+                args=(child, head.url, head.token("join"), count, first, protocol, args.seconds),
             )
             p.start()
             pipes.append(parent)
@@ -299,21 +306,24 @@ def run(
         t1, s1 = _stat()
         for p in procs:
             p.join(timeout=30)
-        latencies = [x for r in results for x in r["latencies"]]
-        window = max(r["window_s"] for r in results)
+        latencies = results[0]["latencies"]  # the probes'
+        loaded = [x for r in results[1:] for x in r["latencies"]]
         head_cpu_pct = 100.0 * (cpu1 - cpu0) / max(1e-9, wall1 - wall0)
-        beats_per_s = len(latencies) / window
+        beats_per_s = sum(len(r["latencies"]) / r["window_s"] for r in results)
         return {
             "protocol": protocol,
             "head": "baseline" if source is not None else "this",
             "nodes": args.nodes,
             "running_jobs": sum(r["running"] for r in results),
             "interval_s": results[0]["interval_s"],
-            "heartbeats": len(latencies),
             "heartbeats_per_s": round(beats_per_s, 1),
+            "probes": probes,
             "rtt_p50_ms": round(1000 * _pct(latencies, 0.50), 2),
             "rtt_p99_ms": round(1000 * _pct(latencies, 0.99), 2),
             "rtt_mean_ms": round(1000 * statistics.fmean(latencies), 2) if latencies else None,
+            # The loaded clients' own view (includes their event loops' lag).
+            "loaded_rtt_p50_ms": round(1000 * _pct(loaded, 0.50), 2),
+            "loaded_rtt_p99_ms": round(1000 * _pct(loaded, 0.99), 2),
             "head_cpu_pct": round(head_cpu_pct, 1),
             "head_cpu_ms_per_heartbeat": round(
                 10.0 * head_cpu_pct / max(1e-9, beats_per_s), 3
@@ -333,7 +343,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=2000)
     ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--procs", type=int, default=2, help="client processes")
+    ap.add_argument("--procs", type=int, default=2, help="client processes besides the probes'")
+    ap.add_argument("--probes", type=int, default=50, help="nodes whose round trips are measured")
     ap.add_argument("--jobs", type=float, default=0.5, help="share of nodes running a job")
     ap.add_argument("--baseline-ref", default=None, help="git ref of the baseline head")
     args = ap.parse_args()
@@ -356,15 +367,16 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(prefix="phalanx-hb-") as d:
         tmp = Path(d)
-        (tmp / "baseline").mkdir()
-        base = _baseline_tree(ref, (tmp / "baseline").resolve())
-        runs = {
-            "baseline": run("baseline", base, "full", args, tmp),
-            "full": run("full", None, "full", args, tmp),
-            "delta": run("delta", None, "delta", args, tmp),
-        }
+        runs = {}
+        if ref != "none":  # --baseline-ref none: this head's full reports are the baseline
+            (tmp / "baseline").mkdir()
+            base = _baseline_tree(ref, (tmp / "baseline").resolve())
+            runs["baseline"] = run("baseline", base, "full", args, tmp)
+        runs["full"] = run("full", None, "full", args, tmp)
+        runs["delta"] = run("delta", None, "delta", args, tmp)
     out["runs"] = runs
-    b, f, d_ = runs["baseline"], runs["full"], runs["delta"]
+    f, d_ = runs["full"], runs["delta"]
+    b = runs.get("baseline", f)
     out["ratios"] = {
         "rtt_p99_delta_over_baseline": round(d_["rtt_p99_ms"] / b["rtt_p99_ms"], 3),
         "rtt_p50_delta_over_baseline": round(d_["rtt_p50_ms"] / b["rtt_p50_ms"], 3),

@@ -10,14 +10,16 @@ acknowledges nothing, a head that asks for it, another head) the report is full.
 
 GPU readings ride along only when they changed materially since the ones the head holds
 (a GPU's utilisation by 10 points, its memory by 1 GiB, its temperature by 5 °C, its power
-by 50 W, the job holding it, the set of GPUs) or every GPU_EVERY reports otherwise: the
-heartbeat's readings only feed the head's live views; the telemetry pipeline
+by 50 W, the job holding it, the set of GPUs), otherwise once GPU_REFRESH_S have passed
+since the readings the head holds were sent: the heartbeat's readings only feed the head's
+live views (which call a reading older than 60 s stale); the telemetry pipeline
 (agent/telemetry.py) carries every sample.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from phalanx.api.models import (
@@ -29,7 +31,7 @@ from phalanx.api.models import (
     ReportDelta,
 )
 
-GPU_EVERY = 10  # a delta carries GPU readings at least every this many reports
+GPU_REFRESH_S = 20.0  # a delta carries GPU readings at least this often (seconds)
 _KEPT = 16  # reports kept until acknowledged (or older than the acknowledged one)
 # What moves a reading "materially" (README: Heartbeats at scale).
 UTIL_PP, MEMORY_MB, TEMPERATURE_C, POWER_W = 10.0, 1024, 5.0, 50.0
@@ -46,14 +48,17 @@ class _Report:
     ports: dict[str, int]
     health: NodeHealth
     gpus: tuple[GpuTelemetry, ...]  # the readings the head holds once it holds this one
-    gpus_seq: int  # the report those readings came with
+    gpus_at: float  # when those readings were sent (the stream's clock)
 
 
 class ReportStream:
     """Numbers an agent's reports and makes each a delta against the acknowledged one."""
 
-    def __init__(self, gpu_every: int = GPU_EVERY) -> None:
-        self.gpu_every = max(1, gpu_every)
+    def __init__(
+        self, gpu_refresh_s: float = GPU_REFRESH_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.gpu_refresh_s = gpu_refresh_s
+        self.clock = clock
         self._seq = 0
         self._sent: dict[int, _Report] = {}
         self._base: _Report | None = None
@@ -79,6 +84,7 @@ class ReportStream:
         """The next report: a delta against the acknowledged one, or a full one if there
         is none. Raises pydantic's ValidationError if a value is out of bounds."""
         seq = self._seq + 1
+        now = self.clock()
         procs = {(p.job_id, p.epoch, p.rank): p for p in processes}
         base = self._base
         if base is None:
@@ -92,9 +98,10 @@ class ReportStream:
                 health=health,
                 seq=seq,
             )
-            sent = _Report(seq, procs, dict(ports), health, tuple(gpus), seq)
+            sent = _Report(seq, procs, dict(ports), health, tuple(gpus), now)
         else:
-            send_gpus = seq - base.gpus_seq >= self.gpu_every or _moved(base.gpus, gpus)
+            stale = now - base.gpus_at >= self.gpu_refresh_s
+            send_gpus = stale or _moved(base.gpus, gpus)
             # Unacknowledged GPU events are repeated until the head acknowledges them.
             send_health = bool(health.events) or health != base.health
             gone = sorted(base.processes.keys() - procs.keys())
@@ -116,7 +123,7 @@ class ReportStream:
                 seq=seq,
                 delta=delta,
             )
-            readings = (tuple(gpus), seq) if send_gpus else (base.gpus, base.gpus_seq)
+            readings = (tuple(gpus), now) if send_gpus else (base.gpus, base.gpus_at)
             sent = _Report(seq, procs, dict(ports), health, *readings)
         self._seq = seq
         self._sent[seq] = sent

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Literal
 
-from phalanx.agent.reportdelta import GPU_EVERY, ReportStream
+from phalanx.agent.reportdelta import GPU_REFRESH_S, ReportStream
 from phalanx.api.models import (
     GpuHealthEvent,
     GpuTelemetry,
@@ -90,16 +90,18 @@ def test_no_acknowledgement_or_a_request_for_one_means_a_full_report() -> None:
     assert _report(stream, [_rank(0)]).delta is None
 
 
-def test_gpu_readings_ride_along_when_they_moved_or_every_nth_report() -> None:
-    stream = ReportStream()
+def test_gpu_readings_ride_along_when_they_moved_or_have_aged() -> None:
+    now = [0.0]
+    stream = ReportStream(clock=lambda: now[0])
     _report(stream, [], util=50.0)
     stream.answered(1, False)
     sent = []
-    for _ in range(GPU_EVERY + 1):
+    for _ in range(12):
+        now[0] += GPU_REFRESH_S / 10
         beat = _report(stream, [], util=52.0)  # a small move: not news
         stream.answered(beat.seq, False)
         sent.append(beat.gpus is not None)
-    assert sent == [False] * (GPU_EVERY - 1) + [True, False]
+    assert sent == [False] * 9 + [True, False, False]  # refreshed once 20 s had passed
     moved = _report(stream, [], util=80.0)
     assert moved.gpus is not None and moved.gpus[0].utilization_pct == 80.0
 
