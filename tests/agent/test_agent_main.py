@@ -80,6 +80,7 @@ def test_agent_registers_runs_and_reports(head: StubHead, tmp_path: Path) -> Non
     )
     assert reg.agent_url.startswith("http://127.0.0.2:")
     assert beat.version == 3
+    assert beat.master_ports is not None and beat.processes is not None  # full report
     port = beat.master_ports["7"]
     [p] = beat.processes
     assert (p.job_id, p.epoch, p.rank, p.exit_code) == (7, 1, 0, 0)

@@ -371,7 +371,9 @@ def test_injected_fault_and_check_failure_reach_the_heartbeat_until_acked(
         wait_for(
             "the check failure in a heartbeat",
             lambda: any(
-                b.health.check_failure == "nhc.sh: NHC: /scratch is read-only" for b in head.beats
+                b.health is not None
+                and b.health.check_failure == "nhc.sh: NHC: /scratch is read-only"
+                for b in head.beats
             ),
         )
         reg = head.registered[0]
@@ -389,16 +391,22 @@ def test_injected_fault_and_check_failure_reach_the_heartbeat_until_acked(
         assert httpx.post(faults_url, json=body, headers=bearer).status_code == 204
 
         def sent() -> Heartbeat | None:
-            return next((b for b in reversed(head.beats) if b.health.events), None)
+            return next(
+                (b for b in reversed(head.beats) if b.health is not None and b.health.events), None
+            )
 
-        [event] = wait_for("the event in a heartbeat", sent).health.events
+        health = wait_for("the event in a heartbeat", sent).health
+        assert health is not None
+        [event] = health.events
         assert (event.gpu, event.kind, event.code) == (1, "xid", 79)
         assert event.message == "XID 79 (GPU has fallen off the bus): drill"
         head.desired = head.desired.model_copy(update={"health_ack": event.seq})
         seen = len(head.beats)
         wait_for(
             "a heartbeat after the ack without the event",
-            lambda: any(not b.health.events for b in head.beats[seen + 1 :]),
+            lambda: any(
+                b.health is not None and not b.health.events for b in head.beats[seen + 1 :]
+            ),
         )
     finally:
         stop.set()
