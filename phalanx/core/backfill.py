@@ -22,15 +22,21 @@ from phalanx.core.state import ClusterState
 def _releases(
     state: ClusterState, now: float, held: Sequence[tuple[float, Placement]]
 ) -> Iterator[tuple[float, Placement]]:
-    for vid in sorted(state.preempting):
-        yield now, state.running[vid].placement
-    ends = (
-        (max(end, now), state.running[jid].placement)
-        for end, jid in state.ends
-        if jid not in state.preempting
-    )
+    running, preempting = state.running, state.preempting
+    for vid in sorted(preempting):
+        yield now, running[vid].placement
     soon = sorted(((max(t, now), p) for t, p in held if t != math.inf), key=lambda e: e[0])
-    yield from heapq.merge(ends, soon, key=lambda e: e[0])
+    if not soon:  # the common case: no merge (its key calls are the sweep's main cost)
+        for end, jid in state.ends:
+            if jid not in preempting:
+                yield (end if end > now else now), running[jid].placement
+    else:
+        ends = (
+            (max(end, now), running[jid].placement)
+            for end, jid in state.ends
+            if jid not in preempting
+        )
+        yield from heapq.merge(ends, soon, key=lambda e: e[0])
     for jid, run in state.running.items():
         if run.request.time_limit_s is None and jid not in state.preempting:
             yield math.inf, run.placement
@@ -68,11 +74,16 @@ def reserve(
     def free_then(n: int) -> int:
         return state.free[n] + extra.get(n, 0)
 
-    rack_q = [0] * len(state.rack_nodes)
-    eligible_now = [n for n in _candidates(state, job) if usable(n) and state.free[n] >= g]
-    for n in eligible_now:
-        rack_q[state.rack_of[n]] += 1
-    total = len(eligible_now)
+    if model is None and not excluded:
+        # Every up node with ≥ g free GPUs is usable: the indexes already count them.
+        rack_q = [ge[g] for ge in state.rack_ge]
+        total = state.cluster_ge[g]
+    else:
+        rack_q = [0] * len(state.rack_nodes)
+        eligible_now = [n for n in _candidates(state, job) if usable(n) and state.free[n] >= g]
+        for n in eligible_now:
+            rack_q[state.rack_of[n]] += 1
+        total = len(eligible_now)
     if total >= need:
         nodes = _choose(state, need, rack_q, free_then, usable, g)
         return Reservation(job.id, now, tuple(nodes)), {n: free_then(n) - g for n in nodes}

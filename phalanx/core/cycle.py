@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from sortedcontainers import SortedList
+
 from phalanx.core.backfill import reserve
 from phalanx.core.decisions import (
     Decisions,
@@ -73,6 +75,9 @@ class _Cycle:
     shortest_limit: float = 0.0
     nothing_fits: bool | None = None  # cached verdict of _stop_if_nothing_fits
     capable: dict[int, int] = field(default_factory=dict)  # g → nodes with ≥g GPUs, up or not
+    # (nodes, GPUs per node, limited) → whether a plain job of that shape is feasible and
+    # already known not to fit (see `_settled_reason`); cleared when a shape fails.
+    settled: dict[tuple[int, int, bool], bool] = field(default_factory=dict)
 
     def known_to_fail(self, job: JobRequest, limited: bool) -> bool:
         return any(
@@ -85,6 +90,7 @@ class _Cycle:
             if shape not in self.failed_shapes[limited]:
                 self.failed_shapes[limited].append(shape)
                 self.nothing_fits = None  # to be re-derived
+                self.settled.clear()
 
 
 # Waiting, not infeasible: the job runs as soon as a node is resumed or comes back.
@@ -124,18 +130,10 @@ def schedule(
         )
     default = Reason(ReasonCode.PRIORITY, "waiting for jobs ahead of it")
     try:
-        # Phase 2 — order: merge the heads of the team queues by the policy's key.
-        for examined, job in enumerate(queue_order(state, now)):
-            if examined >= config.depth:
-                default = Reason(
-                    ReasonCode.NOT_CONSIDERED,
-                    f"not examined this cycle: only the first {config.depth} queued jobs are",
-                )
-                break
-            stop = _consider(cycle, job)
-            if stop is not None:
-                default = stop
-                break
+        # Phase 2 — order: merge the team queues by the policy's key (runs of one team).
+        stop = _examine(cycle, _queue_runs(state, now))
+        if stop is not None:
+            default = stop
     finally:
         for start in reversed(cycle.starts):
             state.give(start.placement)
@@ -149,6 +147,17 @@ def schedule(
         team_reasons={team: reason for team, (_, reason) in cycle.team_blocked.items()},
         default_reason=default,
     )
+
+
+def decides_nothing(state: ClusterState, config: SchedulerConfig = DEFAULT_CONFIG) -> bool:
+    """Whether a cycle now would certainly start and preempt nothing, known in O(1): no
+    node has as many free GPUs as the smallest queued request, so no queued job fits even
+    alone, and no preemption is possible. Its reasons still differ from cycle to cycle: for
+    adapters that apply only the decisions (the simulator skips such cycles)."""
+    smallest = state.smallest_queued_request()
+    if not smallest or _preemption_possible(state, config):
+        return False
+    return smallest >= len(state.cluster_ge) or not state.cluster_ge[smallest]
 
 
 def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
@@ -237,6 +246,82 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
     # Phase 7 — reasons for a job that neither started nor reserved.
     cycle.reasons[job.id] = _blocked_reason(cycle, job, limited, excluded)
     return _stop_if_nothing_fits(cycle)
+
+
+def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reason | None:
+    """Phases 3–7 for the queued jobs in order, up to the depth; returns the reason for
+    every later job if the cycle stops early."""
+    state, depth = cycle.state, cycle.config.depth
+    pending, waiting_on, teams, reasons = (
+        state.pending,
+        state.waiting_on,
+        state.teams,
+        cycle.reasons,
+    )
+    now, settled_shapes, reason_memo = cycle.now, cycle.settled, cycle.reason_memo
+    examined = 0
+    settling = False  # behind a reservation with no preemption left to try
+    horizon = math.inf  # the reservation's start, once settling
+    for queue, first, stop_at in runs:
+        for _, job_id in queue.islice(first, stop_at):
+            if examined >= depth:
+                return Reason(
+                    ReasonCode.NOT_CONSIDERED,
+                    f"not examined this cycle: only the first {depth} queued jobs are",
+                )
+            examined += 1
+            job = pending[job_id]
+            # Behind a reservation most jobs only get the reason their shape already has:
+            # found without the phases (the backfill scan of a long queue is the hot loop
+            # of a busy cluster). Plain jobs only, for which nothing else can differ.
+            if (
+                settling
+                and job.begin_s is None
+                and job.gpu_model is None
+                and not job.exclude_nodes
+                and not job.nodelist
+                and job_id not in waiting_on
+                and teams[job.team].quota is None
+            ):
+                # Settled (see `_settled`): the reason of its shape, nothing else.
+                limit = job.time_limit_s
+                limited = limit is None or not now + limit <= horizon  # not _ends_before
+                key = (job.nodes, job.gpus_per_node, limited)
+                settled = settled_shapes.get(key)
+                if settled is None:
+                    settled = _settled(cycle, job, limited)
+                if settled:
+                    reason = reason_memo.get(key)
+                    if reason is None:
+                        reason = _blocked_reason(cycle, job, limited, frozenset())
+                    reasons[job_id] = reason
+                    if cycle.nothing_fits is not False:
+                        stop = _stop_if_nothing_fits(cycle)
+                        if stop is not None:
+                            return stop
+                    continue
+            stop = _consider(cycle, job)
+            if stop is not None:
+                return stop
+            settling = cycle.reservation is not None and not _preemption_left(cycle)
+            if settling:
+                assert cycle.reservation is not None
+                horizon = cycle.reservation.start_s
+    return None
+
+
+def _settled(cycle: _Cycle, job: JobRequest, limited: bool) -> bool:
+    """For a plain job (no begin time, GPU model, nodelist or exclusions; a team without a
+    quota) behind the reservation, when no preemption is left to try: whether its shape is
+    feasible and already failed to fit this cycle (with the reservation's limits or
+    without, as for this job). Such a job neither starts, preempts nor changes the cycle:
+    phases 3–6 do nothing for it and phase 7 gives it the memoised reason of its shape.
+    Cached per shape in `cycle.settled` until another shape fails."""
+    settled = _infeasible(cycle.state, job, cycle.capable) is None and cycle.known_to_fail(
+        job, limited
+    )
+    cycle.settled[job.nodes, job.gpus_per_node, limited] = settled
+    return settled
 
 
 def _constraints(cycle: _Cycle, excluded: frozenset[int], limited: bool) -> Constraints:
@@ -434,26 +519,56 @@ def _ends_before(job: JobRequest, now: float, reservation: Reservation) -> bool:
 def queue_order(state: ClusterState, now: float) -> Iterator[JobRequest]:
     """The eligible queued jobs in the order a cycle at `now` considers them (the
     policy's merge of the team queues); `phalanx priority` shows it."""
+    pending = state.pending
+    for queue, first, stop in _queue_runs(state, now):
+        for _, job_id in queue.islice(first, stop):
+            yield pending[job_id]
+
+
+def _queue_runs(state: ClusterState, now: float) -> Iterator[tuple[SortedList, int, int]]:
+    """The merge of the team queues by the policy's `merge_key`, as runs: (queue, first,
+    stop) — positions first..stop-1 of one team's queue come next, in order.
+
+    A team's queue is sorted by its static key and `merge_key` keeps that order, so the
+    jobs of the team at the top of the merge stay next for as long as their merged key is
+    below every other team's head: that run's end is found by galloping (probes at +1, +2,
+    +4, … then bisection) instead of one heap step per job — under fair share a team's
+    whole queue is usually one run."""
     policy = state.policy
-    heap: list[tuple[tuple[float, ...], int, Iterator[tuple[tuple[float, ...], int]], float]] = []
+    merge = policy.merge_key
+    # (merged key of the team's next job, team index, position, queue, fair share). The job
+    # id is the key's last element, so merged keys are unique and never tie.
+    heap: list[tuple[tuple[float, ...], int, int, SortedList, float]] = []
     for index, (team, queue) in enumerate(sorted(state.queues.items())):
         if not queue:
             continue
         fairshare = state.fairshare(team, now) if policy.uses_fairshare else 0.0
-        it = iter(queue)
-        key, _ = next(it)
-        heap.append((policy.merge_key(key, fairshare), index, it, fairshare))
-        # The job id is the key's last element, so keys are unique and never tie.
+        heap.append((merge(queue[0][0], fairshare), index, 0, queue, fairshare))
     heapq.heapify(heap)
-    pending = state.pending
     while heap:
-        key, index, it, fairshare = heap[0]
-        yield pending[int(key[-1])]
-        nxt = next(it, None)
-        if nxt is None:
-            heapq.heappop(heap)
-        else:
-            heapq.heapreplace(heap, (policy.merge_key(nxt[0], fairshare), index, it, fairshare))
+        _, index, first, queue, fairshare = heapq.heappop(heap)
+        size = len(queue)
+        if not heap:
+            yield queue, first, size
+            return
+        bound = heap[0][0]
+        # Galloping: merge(queue[low]) < bound; find the first position whose merged key
+        # is above the bound (or the end of the queue).
+        low, step = first, 1
+        high = low + step
+        while high < size and merge(queue[high][0], fairshare) < bound:
+            low, step = high, step * 2
+            high = low + step
+        high = min(high, size)
+        while high - low > 1:
+            mid = (low + high) // 2
+            if merge(queue[mid][0], fairshare) < bound:
+                low = mid
+            else:
+                high = mid
+        yield queue, first, high
+        if high < size:
+            heapq.heappush(heap, (merge(queue[high][0], fairshare), index, high, queue, fairshare))
 
 
 def _infeasible(state: ClusterState, job: JobRequest, capable: dict[int, int]) -> Reason | None:
