@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -25,6 +25,7 @@ from phalanx.core.decisions import (
 )
 from phalanx.core.model import Dependency, JobRequest, Placement
 from phalanx.core.placement import UNCONSTRAINED, Constraints, excluded_indices, place
+from phalanx.core.policies import StaticKey
 from phalanx.core.preemption import VictimPool, choose_victims, could_preempt
 from phalanx.core.quota import QuotaView
 from phalanx.core.state import ClusterState
@@ -80,9 +81,12 @@ class _Cycle:
     settled: dict[tuple[int, int, bool], bool] = field(default_factory=dict)
 
     def known_to_fail(self, job: JobRequest, limited: bool) -> bool:
-        return any(
-            job.nodes >= n and job.gpus_per_node >= g for n, g in self.failed_shapes[limited]
-        )
+        nodes, per_node = job.nodes, job.gpus_per_node
+        # A plain loop, not any() over a generator: the list is usually empty or short.
+        for n, g in self.failed_shapes[limited]:  # noqa: SIM110 (hot: see above)
+            if nodes >= n and per_node >= g:
+                return True
+        return False
 
     def remember_failure(self, job: JobRequest, limited: bool) -> None:
         if job.gpu_model is None and not job.exclude_nodes and not job.nodelist:
@@ -115,8 +119,9 @@ def schedule(
         cycle.reasons[job_id] = _dependency_reason(dep, never=True)
     # Jobs whose --begin time is still ahead wait for it, whatever else holds them (said
     # up front: a cycle that stops early never reaches them).
-    for begin_s, job_id in state.begins.irange((now, math.inf), inclusive=(False, True)):
-        cycle.reasons[job_id] = _begin_reason(begin_s, now)
+    if state.begins:  # (irange on an empty SortedList still costs microseconds)
+        for begin_s, job_id in state.begins.irange((now, math.inf), inclusive=(False, True)):
+            cycle.reasons[job_id] = _begin_reason(begin_s, now)
     if not state.gpus_up:
         # No node with a GPU is up: every queued job waits for one. Said once, as the
         # default, rather than found job by job (10,000 queued jobs took ~35 ms a cycle).
@@ -155,9 +160,9 @@ def decides_nothing(state: ClusterState, config: SchedulerConfig = DEFAULT_CONFI
     alone, and no preemption is possible. Its reasons still differ from cycle to cycle: for
     adapters that apply only the decisions (the simulator skips such cycles)."""
     smallest = state.smallest_queued_request()
-    if not smallest or _preemption_possible(state, config):
+    if not smallest or (smallest < len(state.cluster_ge) and state.cluster_ge[smallest]):
         return False
-    return smallest >= len(state.cluster_ge) or not state.cluster_ge[smallest]
+    return not _preemption_possible(state, config)
 
 
 def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
@@ -263,7 +268,7 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
     settling = False  # behind a reservation with no preemption left to try
     horizon = math.inf  # the reservation's start, once settling
     for queue, first, stop_at in runs:
-        for _, job_id in queue.islice(first, stop_at):
+        for _, job_id in _run_items(queue, first, stop_at):
             if examined >= depth:
                 return Reason(
                     ReasonCode.NOT_CONSIDERED,
@@ -521,8 +526,21 @@ def queue_order(state: ClusterState, now: float) -> Iterator[JobRequest]:
     policy's merge of the team queues); `phalanx priority` shows it."""
     pending = state.pending
     for queue, first, stop in _queue_runs(state, now):
-        for _, job_id in queue.islice(first, stop):
+        for _, job_id in _run_items(queue, first, stop):
             yield pending[job_id]
+
+
+def _run_items(queue: SortedList, first: int, stop: int) -> Iterable[tuple[StaticKey, int]]:
+    """Positions first..stop-1 of a team queue (SortedList.islice costs ~5 µs to set up:
+    a whole queue or one job, the common runs, go without it)."""
+    items: Iterable[tuple[StaticKey, int]]
+    if stop - first == 1:
+        items = (queue[first],)
+    elif first == 0 and stop == len(queue):
+        items = queue
+    else:
+        items = queue.islice(first, stop)
+    return items
 
 
 def _queue_runs(state: ClusterState, now: float) -> Iterator[tuple[SortedList, int, int]]:
@@ -531,9 +549,8 @@ def _queue_runs(state: ClusterState, now: float) -> Iterator[tuple[SortedList, i
 
     A team's queue is sorted by its static key and `merge_key` keeps that order, so the
     jobs of the team at the top of the merge stay next for as long as their merged key is
-    below every other team's head: that run's end is found by galloping (probes at +1, +2,
-    +4, … then bisection) instead of one heap step per job — under fair share a team's
-    whole queue is usually one run."""
+    below every other team's head: that run's end is one bisection (`merge_bound`) instead
+    of one heap step per job — under fair share a team's whole queue is usually one run."""
     policy = state.policy
     merge = policy.merge_key
     # (merged key of the team's next job, team index, position, queue, fair share). The job
@@ -551,21 +568,9 @@ def _queue_runs(state: ClusterState, now: float) -> Iterator[tuple[SortedList, i
         if not heap:
             yield queue, first, size
             return
-        bound = heap[0][0]
-        # Galloping: merge(queue[low]) < bound; find the first position whose merged key
-        # is above the bound (or the end of the queue).
-        low, step = first, 1
-        high = low + step
-        while high < size and merge(queue[high][0], fairshare) < bound:
-            low, step = high, step * 2
-            high = low + step
-        high = min(high, size)
-        while high - low > 1:
-            mid = (low + high) // 2
-            if merge(queue[mid][0], fairshare) < bound:
-                low = mid
-            else:
-                high = mid
+        # The team's jobs whose merged key is below the next team's head come next.
+        high = queue.bisect_left(policy.merge_bound(heap[0][0], fairshare))
+        high = max(high, first + 1)  # the team's head is below the bound (heap order)
         yield queue, first, high
         if high < size:
             heapq.heappush(heap, (merge(queue[high][0], fairshare), index, high, queue, fairshare))
