@@ -267,14 +267,18 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
     examined = 0
     settling = False  # behind a reservation with no preemption left to try
     horizon = math.inf  # the reservation's start, once settling
-    for queue, first, stop_at in runs:
-        for _, job_id in _run_items(queue, first, stop_at):
-            if examined >= depth:
-                return Reason(
-                    ReasonCode.NOT_CONSIDERED,
-                    f"not examined this cycle: only the first {depth} queued jobs are",
-                )
-            examined += 1
+    # Teams whose jobs pass phase 3 without a quota check (teams do not change in a cycle).
+    quota_teams = {name for name, team in teams.items() if team.quota is not None}
+    beyond_depth = Reason(
+        ReasonCode.NOT_CONSIDERED,
+        f"not examined this cycle: only the first {depth} queued jobs are",
+    )
+    for queue, first, stop_at in runs:  # runs are never empty
+        if examined >= depth:
+            return beyond_depth
+        last = min(stop_at, first + depth - examined)
+        examined += last - first
+        for _, job_id in _run_items(queue, first, last):
             job = pending[job_id]
             # Behind a reservation most jobs only get the reason their shape already has:
             # found without the phases (the backfill scan of a long queue is the hot loop
@@ -286,7 +290,7 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
                 and not job.exclude_nodes
                 and not job.nodelist
                 and job_id not in waiting_on
-                and teams[job.team].quota is None
+                and job.team not in quota_teams
             ):
                 # Settled (see `_settled`): the reason of its shape, nothing else.
                 limit = job.time_limit_s
@@ -312,6 +316,8 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
             if settling:
                 assert cycle.reservation is not None
                 horizon = cycle.reservation.start_s
+        if last < stop_at:
+            return beyond_depth
     return None
 
 
