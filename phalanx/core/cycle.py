@@ -445,7 +445,8 @@ def _blocked_reason(
     reason = _resources_reason(state, job)
     if limited and cycle.reservation is not None:
         fits = not cycle.known_to_fail(job, False) and (
-            place(state, job, Constraints(excluded=excluded)) is not None
+            place(state, job, Constraints(excluded=excluded) if excluded else UNCONSTRAINED)
+            is not None
         )
         if fits:
             limit = job.time_limit_s
@@ -681,17 +682,28 @@ def _never_fits_reason(state: ClusterState, job: JobRequest, excluded: frozenset
 def _resources_reason(state: ClusterState, job: JobRequest) -> Reason:
     g = job.gpus_per_node
     if job.nodes == 1:
-        most = max((f for f in range(state.max_gpus + 1) if state.cluster_ge[f]), default=0)
-        return Reason(
-            ReasonCode.RESOURCES,
-            f"needs {g} free GPU{'s' if g != 1 else ''} on one node; the most free on any "
-            f"node is {most}",
-        )
+        # The most free GPUs on any up node: counts of nodes with ≥ f free only fall with f.
+        cluster_ge, most = state.cluster_ge, 0
+        for f in range(state.max_gpus, 0, -1):
+            if cluster_ge[f]:
+                most = f
+                break
+        return _single_node_reason(g, most)
     best_rack = max((ge[g] for ge in state.rack_ge), default=0)
     return Reason(
         ReasonCode.RESOURCES,
         f"needs {job.shape}; {state.cluster_ge[g]} node(s) have ≥{g} free GPUs "
         f"(at most {best_rack} in one rack)",
+    )
+
+
+@lru_cache(maxsize=4096)
+def _single_node_reason(g: int, most: int) -> Reason:
+    """Made once per (request, most free) pair: a queue's worth of jobs shares a handful."""
+    return Reason(
+        ReasonCode.RESOURCES,
+        f"needs {g} free GPU{'s' if g != 1 else ''} on one node; the most free on any "
+        f"node is {most}",
     )
 
 
