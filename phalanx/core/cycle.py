@@ -79,6 +79,8 @@ class _Cycle:
     # (nodes, GPUs per node, limited) → whether a plain job of that shape is feasible and
     # already known not to fit (see `_settled_reason`); cleared when a shape fails.
     settled: dict[tuple[int, int, bool], bool] = field(default_factory=dict)
+    # The reasons of settled shapes: `reason_memo`'s entries for them, cleared with it.
+    settled_reasons: dict[tuple[int, int, bool], Reason] = field(default_factory=dict)
 
     def known_to_fail(self, job: JobRequest, limited: bool) -> bool:
         nodes, per_node = job.nodes, job.gpus_per_node
@@ -213,6 +215,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
     if placement is not None:
         state.take(placement)
         cycle.reason_memo.clear()
+        cycle.settled_reasons.clear()
         cycle.quota.add(job.team, job.gpus)
         if limited:
             _use_spare(cycle, placement)
@@ -264,6 +267,7 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
         cycle.reasons,
     )
     now, settled_shapes, reason_memo = cycle.now, cycle.settled, cycle.reason_memo
+    settled_reasons = cycle.settled_reasons
     examined = 0
     settling = False  # behind a reservation with no preemption left to try
     horizon = math.inf  # the reservation's start, once settling
@@ -296,13 +300,17 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
                 limit = job.time_limit_s
                 limited = limit is None or not now + limit <= horizon  # not _ends_before
                 key = (job.nodes, job.gpus_per_node, limited)
-                settled = settled_shapes.get(key)
-                if settled is None:
-                    settled = _settled(cycle, job, limited)
-                if settled:
-                    reason = reason_memo.get(key)
-                    if reason is None:
-                        reason = _blocked_reason(cycle, job, limited, frozenset())
+                reason = settled_reasons.get(key)
+                if reason is None:
+                    settled = settled_shapes.get(key)
+                    if settled is None:
+                        settled = _settled(cycle, job, limited)
+                    if settled:
+                        reason = reason_memo.get(key)
+                        if reason is None:
+                            reason = _blocked_reason(cycle, job, limited, frozenset())
+                        settled_reasons[key] = reason
+                if reason is not None:
                     reasons[job_id] = reason
                     if cycle.nothing_fits is not False:
                         stop = _stop_if_nothing_fits(cycle)
@@ -409,6 +417,7 @@ def _hold(
         return
     state.take(hold)
     cycle.reason_memo.clear()
+    cycle.settled_reasons.clear()
     cycle.holds.append((_release_time(cycle.now, job), hold))
 
 
