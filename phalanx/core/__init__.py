@@ -1,7 +1,13 @@
 """The scheduling core: pure functions and plain data (no I/O, no wall clock, no threads)."""
 
 from phalanx.core.apply import Applied, apply_decisions
-from phalanx.core.cycle import DEFAULT_CONFIG, SchedulerConfig, queue_order, schedule
+from phalanx.core.cycle import (
+    DEFAULT_CONFIG,
+    SchedulerConfig,
+    decides_nothing,
+    queue_order,
+    schedule,
+)
 from phalanx.core.decisions import (
     Decisions,
     Preemption,
@@ -69,6 +75,7 @@ __all__ = [
     "StateError",
     "Team",
     "apply_decisions",
+    "decides_nothing",
     "gang_shape",
     "get_policy",
     "move_job",

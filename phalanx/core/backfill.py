@@ -22,15 +22,21 @@ from phalanx.core.state import ClusterState
 def _releases(
     state: ClusterState, now: float, held: Sequence[tuple[float, Placement]]
 ) -> Iterator[tuple[float, Placement]]:
-    for vid in sorted(state.preempting):
-        yield now, state.running[vid].placement
-    ends = (
-        (max(end, now), state.running[jid].placement)
-        for end, jid in state.ends
-        if jid not in state.preempting
-    )
+    running, preempting = state.running, state.preempting
+    for vid in sorted(preempting):
+        yield now, running[vid].placement
     soon = sorted(((max(t, now), p) for t, p in held if t != math.inf), key=lambda e: e[0])
-    yield from heapq.merge(ends, soon, key=lambda e: e[0])
+    if not soon:  # the common case: no merge (its key calls are the sweep's main cost)
+        for end, jid in state.ends:
+            if jid not in preempting:
+                yield (end if end > now else now), running[jid].placement
+    else:
+        ends = (
+            (max(end, now), running[jid].placement)
+            for end, jid in state.ends
+            if jid not in preempting
+        )
+        yield from heapq.merge(ends, soon, key=lambda e: e[0])
     for jid, run in state.running.items():
         if run.request.time_limit_s is None and jid not in state.preempting:
             yield math.inf, run.placement
@@ -68,13 +74,18 @@ def reserve(
     def free_then(n: int) -> int:
         return state.free[n] + extra.get(n, 0)
 
-    rack_q = [0] * len(state.rack_nodes)
-    eligible_now = [n for n in _candidates(state, job) if usable(n) and state.free[n] >= g]
-    for n in eligible_now:
-        rack_q[state.rack_of[n]] += 1
-    total = len(eligible_now)
+    if model is None and not excluded and g < len(state.cluster_ge):
+        # Every up node with ≥ g free GPUs is usable: the indexes already count them.
+        rack_q = [ge[g] for ge in state.rack_ge]
+        total = state.cluster_ge[g]
+    else:
+        rack_q = [0] * len(state.rack_nodes)
+        eligible_now = [n for n in _candidates(state, job) if usable(n) and state.free[n] >= g]
+        for n in eligible_now:
+            rack_q[state.rack_of[n]] += 1
+        total = len(eligible_now)
     if total >= need:
-        nodes = _choose(state, need, rack_q, free_then, usable, g)
+        nodes = _choose(state, need, rack_q, extra, usable, g)
         return Reservation(job.id, now, tuple(nodes)), {n: free_then(n) - g for n in nodes}
     # The sweep is the hot loop of a blocked cycle: plain locals, no closures inside it.
     up, free, rack_of, nodes_ = state.up, state.free, state.rack_of, state.nodes
@@ -93,7 +104,7 @@ def reserve(
                 total += 1
                 grew = True
         if grew and total >= need:
-            nodes = _choose(state, need, rack_q, free_then, usable, g)
+            nodes = _choose(state, need, rack_q, extra, usable, g)
             spare = {n: free_then(n) - g for n in nodes}
             return Reservation(job.id, t, tuple(nodes)), spare
     return None
@@ -108,7 +119,8 @@ def _candidates(state: ClusterState, job: JobRequest) -> list[int]:
         if buckets is None:
             continue
         for f in range(job.gpus_per_node, state.max_gpus + 1):
-            out.extend(buckets[f])
+            if buckets[f]:
+                out.extend(buckets[f])
     return out
 
 
@@ -116,7 +128,7 @@ def _choose(
     state: ClusterState,
     need: int,
     rack_q: list[int],
-    free_then: Callable[[int], int],
+    extra: dict[int, int],
     usable: Callable[[int], bool],
     g: int,
 ) -> list[int]:
@@ -132,10 +144,15 @@ def _choose(
         else:
             domains = [list(range(len(state.rack_nodes)))]
     chosen: list[int] = []
+    free, freed = state.free, extra.get
     for r in sorted(domains[0], key=lambda r: (-rack_q[r], r)):
-        nodes = [n for n in state.rack_nodes[r] if usable(n) and free_then(n) >= g]
-        nodes.sort(key=lambda n: (free_then(n), n))
-        chosen.extend(nodes[: need - len(chosen)])
+        # Best fit: (free GPUs then, node) pairs sort as the nodes by that key would.
+        nodes = sorted(
+            (then, n)
+            for n in state.rack_nodes[r]
+            if (then := free[n] + freed(n, 0)) >= g and usable(n)
+        )
+        chosen.extend(n for _, n in nodes[: need - len(chosen)])
         if len(chosen) == need:
             break
     return chosen

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+from sortedcontainers import SortedList
 
 from phalanx.core.backfill import reserve
 from phalanx.core.decisions import (
@@ -23,6 +25,7 @@ from phalanx.core.decisions import (
 )
 from phalanx.core.model import Dependency, JobRequest, Placement
 from phalanx.core.placement import UNCONSTRAINED, Constraints, excluded_indices, place
+from phalanx.core.policies import StaticKey
 from phalanx.core.preemption import VictimPool, choose_victims, could_preempt
 from phalanx.core.quota import QuotaView
 from phalanx.core.state import ClusterState
@@ -73,11 +76,19 @@ class _Cycle:
     shortest_limit: float = 0.0
     nothing_fits: bool | None = None  # cached verdict of _stop_if_nothing_fits
     capable: dict[int, int] = field(default_factory=dict)  # g → nodes with ≥g GPUs, up or not
+    # (nodes, GPUs per node, limited) → whether a plain job of that shape is feasible and
+    # already known not to fit (see `_settled_reason`); cleared when a shape fails.
+    settled: dict[tuple[int, int, bool], bool] = field(default_factory=dict)
+    # The reasons of settled shapes: `reason_memo`'s entries for them, cleared with it.
+    settled_reasons: dict[tuple[int, int, bool], Reason] = field(default_factory=dict)
 
     def known_to_fail(self, job: JobRequest, limited: bool) -> bool:
-        return any(
-            job.nodes >= n and job.gpus_per_node >= g for n, g in self.failed_shapes[limited]
-        )
+        nodes, per_node = job.nodes, job.gpus_per_node
+        # A plain loop, not any() over a generator: the list is usually empty or short.
+        for n, g in self.failed_shapes[limited]:  # noqa: SIM110 (hot: see above)
+            if nodes >= n and per_node >= g:
+                return True
+        return False
 
     def remember_failure(self, job: JobRequest, limited: bool) -> None:
         if job.gpu_model is None and not job.exclude_nodes and not job.nodelist:
@@ -85,6 +96,7 @@ class _Cycle:
             if shape not in self.failed_shapes[limited]:
                 self.failed_shapes[limited].append(shape)
                 self.nothing_fits = None  # to be re-derived
+                self.settled.clear()
 
 
 # Waiting, not infeasible: the job runs as soon as a node is resumed or comes back.
@@ -109,8 +121,9 @@ def schedule(
         cycle.reasons[job_id] = _dependency_reason(dep, never=True)
     # Jobs whose --begin time is still ahead wait for it, whatever else holds them (said
     # up front: a cycle that stops early never reaches them).
-    for begin_s, job_id in state.begins.irange((now, math.inf), inclusive=(False, True)):
-        cycle.reasons[job_id] = _begin_reason(begin_s, now)
+    if state.begins:  # (irange on an empty SortedList still costs microseconds)
+        for begin_s, job_id in state.begins.irange((now, math.inf), inclusive=(False, True)):
+            cycle.reasons[job_id] = _begin_reason(begin_s, now)
     if not state.gpus_up:
         # No node with a GPU is up: every queued job waits for one. Said once, as the
         # default, rather than found job by job (10,000 queued jobs took ~35 ms a cycle).
@@ -124,18 +137,10 @@ def schedule(
         )
     default = Reason(ReasonCode.PRIORITY, "waiting for jobs ahead of it")
     try:
-        # Phase 2 — order: merge the heads of the team queues by the policy's key.
-        for examined, job in enumerate(queue_order(state, now)):
-            if examined >= config.depth:
-                default = Reason(
-                    ReasonCode.NOT_CONSIDERED,
-                    f"not examined this cycle: only the first {config.depth} queued jobs are",
-                )
-                break
-            stop = _consider(cycle, job)
-            if stop is not None:
-                default = stop
-                break
+        # Phase 2 — order: merge the team queues by the policy's key (runs of one team).
+        stop = _examine(cycle, _queue_runs(state, now))
+        if stop is not None:
+            default = stop
     finally:
         for start in reversed(cycle.starts):
             state.give(start.placement)
@@ -149,6 +154,17 @@ def schedule(
         team_reasons={team: reason for team, (_, reason) in cycle.team_blocked.items()},
         default_reason=default,
     )
+
+
+def decides_nothing(state: ClusterState, config: SchedulerConfig = DEFAULT_CONFIG) -> bool:
+    """Whether a cycle now would certainly start and preempt nothing, known in O(1): no
+    node has as many free GPUs as the smallest queued request, so no queued job fits even
+    alone, and no preemption is possible. Its reasons still differ from cycle to cycle: for
+    adapters that apply only the decisions (the simulator skips such cycles)."""
+    smallest = state.smallest_queued_request()
+    if not smallest or (smallest < len(state.cluster_ge) and state.cluster_ge[smallest]):
+        return False
+    return not _preemption_possible(state, config)
 
 
 def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
@@ -199,6 +215,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
     if placement is not None:
         state.take(placement)
         cycle.reason_memo.clear()
+        cycle.settled_reasons.clear()
         cycle.quota.add(job.team, job.gpus)
         if limited:
             _use_spare(cycle, placement)
@@ -237,6 +254,93 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
     # Phase 7 — reasons for a job that neither started nor reserved.
     cycle.reasons[job.id] = _blocked_reason(cycle, job, limited, excluded)
     return _stop_if_nothing_fits(cycle)
+
+
+def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reason | None:
+    """Phases 3–7 for the queued jobs in order, up to the depth; returns the reason for
+    every later job if the cycle stops early."""
+    state, depth = cycle.state, cycle.config.depth
+    pending, waiting_on, teams, reasons = (
+        state.pending,
+        state.waiting_on,
+        state.teams,
+        cycle.reasons,
+    )
+    now, settled_shapes, reason_memo = cycle.now, cycle.settled, cycle.reason_memo
+    settled_reasons = cycle.settled_reasons
+    examined = 0
+    settling = False  # behind a reservation with no preemption left to try
+    horizon = math.inf  # the reservation's start, once settling
+    # Teams whose jobs pass phase 3 without a quota check (teams do not change in a cycle).
+    quota_teams = {name for name, team in teams.items() if team.quota is not None}
+    beyond_depth = Reason(
+        ReasonCode.NOT_CONSIDERED,
+        f"not examined this cycle: only the first {depth} queued jobs are",
+    )
+    for queue, first, stop_at in runs:  # runs are never empty
+        if examined >= depth:
+            return beyond_depth
+        last = min(stop_at, first + depth - examined)
+        examined += last - first
+        for _, job_id in _run_items(queue, first, last):
+            job = pending[job_id]
+            # Behind a reservation most jobs only get the reason their shape already has:
+            # found without the phases (the backfill scan of a long queue is the hot loop
+            # of a busy cluster). Plain jobs only, for which nothing else can differ.
+            if (
+                settling
+                and job.begin_s is None
+                and job.gpu_model is None
+                and not job.exclude_nodes
+                and not job.nodelist
+                and job_id not in waiting_on
+                and job.team not in quota_teams
+            ):
+                # Settled (see `_settled`): the reason of its shape, nothing else.
+                limit = job.time_limit_s
+                limited = limit is None or not now + limit <= horizon  # not _ends_before
+                key = (job.nodes, job.gpus_per_node, limited)
+                reason = settled_reasons.get(key)
+                if reason is None:
+                    settled = settled_shapes.get(key)
+                    if settled is None:
+                        settled = _settled(cycle, job, limited)
+                    if settled:
+                        reason = reason_memo.get(key)
+                        if reason is None:
+                            reason = _blocked_reason(cycle, job, limited, frozenset())
+                        settled_reasons[key] = reason
+                if reason is not None:
+                    reasons[job_id] = reason
+                    if cycle.nothing_fits is not False:
+                        stop = _stop_if_nothing_fits(cycle)
+                        if stop is not None:
+                            return stop
+                    continue
+            stop = _consider(cycle, job)
+            if stop is not None:
+                return stop
+            settling = cycle.reservation is not None and not _preemption_left(cycle)
+            if settling:
+                assert cycle.reservation is not None
+                horizon = cycle.reservation.start_s
+        if last < stop_at:
+            return beyond_depth
+    return None
+
+
+def _settled(cycle: _Cycle, job: JobRequest, limited: bool) -> bool:
+    """For a plain job (no begin time, GPU model, nodelist or exclusions; a team without a
+    quota) behind the reservation, when no preemption is left to try: whether its shape is
+    feasible and already failed to fit this cycle (with the reservation's limits or
+    without, as for this job). Such a job neither starts, preempts nor changes the cycle:
+    phases 3–6 do nothing for it and phase 7 gives it the memoised reason of its shape.
+    Cached per shape in `cycle.settled` until another shape fails."""
+    settled = _infeasible(cycle.state, job, cycle.capable) is None and cycle.known_to_fail(
+        job, limited
+    )
+    cycle.settled[job.nodes, job.gpus_per_node, limited] = settled
+    return settled
 
 
 def _constraints(cycle: _Cycle, excluded: frozenset[int], limited: bool) -> Constraints:
@@ -313,6 +417,7 @@ def _hold(
         return
     state.take(hold)
     cycle.reason_memo.clear()
+    cycle.settled_reasons.clear()
     cycle.holds.append((_release_time(cycle.now, job), hold))
 
 
@@ -349,7 +454,8 @@ def _blocked_reason(
     reason = _resources_reason(state, job)
     if limited and cycle.reservation is not None:
         fits = not cycle.known_to_fail(job, False) and (
-            place(state, job, Constraints(excluded=excluded)) is not None
+            place(state, job, Constraints(excluded=excluded) if excluded else UNCONSTRAINED)
+            is not None
         )
         if fits:
             limit = job.time_limit_s
@@ -434,26 +540,56 @@ def _ends_before(job: JobRequest, now: float, reservation: Reservation) -> bool:
 def queue_order(state: ClusterState, now: float) -> Iterator[JobRequest]:
     """The eligible queued jobs in the order a cycle at `now` considers them (the
     policy's merge of the team queues); `phalanx priority` shows it."""
+    pending = state.pending
+    for queue, first, stop in _queue_runs(state, now):
+        for _, job_id in _run_items(queue, first, stop):
+            yield pending[job_id]
+
+
+def _run_items(queue: SortedList, first: int, stop: int) -> Iterable[tuple[StaticKey, int]]:
+    """Positions first..stop-1 of a team queue (SortedList.islice costs ~5 µs to set up:
+    a whole queue or one job, the common runs, go without it)."""
+    items: Iterable[tuple[StaticKey, int]]
+    if stop - first == 1:
+        items = (queue[first],)
+    elif first == 0 and stop == len(queue):
+        items = queue
+    else:
+        items = queue.islice(first, stop)
+    return items
+
+
+def _queue_runs(state: ClusterState, now: float) -> Iterator[tuple[SortedList, int, int]]:
+    """The merge of the team queues by the policy's `merge_key`, as runs: (queue, first,
+    stop) — positions first..stop-1 of one team's queue come next, in order.
+
+    A team's queue is sorted by its static key and `merge_key` keeps that order, so the
+    jobs of the team at the top of the merge stay next for as long as their merged key is
+    below every other team's head: that run's end is one bisection (`merge_bound`) instead
+    of one heap step per job — under fair share a team's whole queue is usually one run."""
     policy = state.policy
-    heap: list[tuple[tuple[float, ...], int, Iterator[tuple[tuple[float, ...], int]], float]] = []
+    merge = policy.merge_key
+    # (merged key of the team's next job, team index, position, queue, fair share). The job
+    # id is the key's last element, so merged keys are unique and never tie.
+    heap: list[tuple[tuple[float, ...], int, int, SortedList, float]] = []
     for index, (team, queue) in enumerate(sorted(state.queues.items())):
         if not queue:
             continue
         fairshare = state.fairshare(team, now) if policy.uses_fairshare else 0.0
-        it = iter(queue)
-        key, _ = next(it)
-        heap.append((policy.merge_key(key, fairshare), index, it, fairshare))
-        # The job id is the key's last element, so keys are unique and never tie.
+        heap.append((merge(queue[0][0], fairshare), index, 0, queue, fairshare))
     heapq.heapify(heap)
-    pending = state.pending
     while heap:
-        key, index, it, fairshare = heap[0]
-        yield pending[int(key[-1])]
-        nxt = next(it, None)
-        if nxt is None:
-            heapq.heappop(heap)
-        else:
-            heapq.heapreplace(heap, (policy.merge_key(nxt[0], fairshare), index, it, fairshare))
+        _, index, first, queue, fairshare = heapq.heappop(heap)
+        size = len(queue)
+        if not heap:
+            yield queue, first, size
+            return
+        # The team's jobs whose merged key is below the next team's head come next.
+        high = queue.bisect_left(policy.merge_bound(heap[0][0], fairshare))
+        high = max(high, first + 1)  # the team's head is below the bound (heap order)
+        yield queue, first, high
+        if high < size:
+            heapq.heappush(heap, (merge(queue[high][0], fairshare), index, high, queue, fairshare))
 
 
 def _infeasible(state: ClusterState, job: JobRequest, capable: dict[int, int]) -> Reason | None:
@@ -555,17 +691,28 @@ def _never_fits_reason(state: ClusterState, job: JobRequest, excluded: frozenset
 def _resources_reason(state: ClusterState, job: JobRequest) -> Reason:
     g = job.gpus_per_node
     if job.nodes == 1:
-        most = max((f for f in range(state.max_gpus + 1) if state.cluster_ge[f]), default=0)
-        return Reason(
-            ReasonCode.RESOURCES,
-            f"needs {g} free GPU{'s' if g != 1 else ''} on one node; the most free on any "
-            f"node is {most}",
-        )
+        # The most free GPUs on any up node: counts of nodes with ≥ f free only fall with f.
+        cluster_ge, most = state.cluster_ge, 0
+        for f in range(state.max_gpus, 0, -1):
+            if cluster_ge[f]:
+                most = f
+                break
+        return _single_node_reason(g, most)
     best_rack = max((ge[g] for ge in state.rack_ge), default=0)
     return Reason(
         ReasonCode.RESOURCES,
         f"needs {job.shape}; {state.cluster_ge[g]} node(s) have ≥{g} free GPUs "
         f"(at most {best_rack} in one rack)",
+    )
+
+
+@lru_cache(maxsize=4096)
+def _single_node_reason(g: int, most: int) -> Reason:
+    """Made once per (request, most free) pair: a queue's worth of jobs shares a handful."""
+    return Reason(
+        ReasonCode.RESOURCES,
+        f"needs {g} free GPU{'s' if g != 1 else ''} on one node; the most free on any "
+        f"node is {most}",
     )
 
 

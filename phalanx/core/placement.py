@@ -101,7 +101,10 @@ def _place_single(state: ClusterState, job: JobRequest, c: Constraints) -> Place
             buckets = state.buckets.get(model)
             if buckets is None:
                 continue
-            for n in buckets[f]:
+            bucket = buckets[f]
+            if not bucket:  # much cheaper than iterating an empty SortedList
+                continue
+            for n in bucket:
                 if special and not _usable(state, n, job, c):
                     continue
                 return Placement(((n, _pick_gpus(state.free_mask[n], g)),))

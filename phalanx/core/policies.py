@@ -10,6 +10,7 @@ outranks a running one when `pending_rank(p) · rank_margin < running_rank(v, no
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +44,20 @@ class OrderingPolicy:
         if self.uses_fairshare:
             return (key[0], fairshare, *key[1:])
         return key
+
+    def merge_bound(self, bound: StaticKey, fairshare: float) -> tuple[StaticKey]:
+        """A probe into a team's queue of (static key, job id) entries: the entries below
+        it are exactly those whose `merge_key` with the team's `fairshare` is below `bound`
+        (another team's merged key), so one bisection finds how many of the team's jobs
+        come next in the merge. Static keys are (class, …, job id) of finite numbers."""
+        if not self.uses_fairshare:
+            return (bound,)
+        first, other = bound[0], bound[1]
+        if fairshare < other:  # below iff its first element is at most the bound's
+            return ((first, math.inf),)
+        if fairshare > other:  # below iff its first element is below the bound's
+            return ((first,),)
+        return ((first, *bound[2:]),)  # equal shares: the rest decides
 
 
 def _remaining(job: JobRequest) -> float:

@@ -36,6 +36,7 @@ from phalanx.core.model import (
 from phalanx.core.policies import DEFAULT_POLICY, OrderingPolicy, get_policy
 
 DEFAULT_FAIRSHARE_HALFLIFE_S = 7 * 24 * 3600.0
+_LN2 = math.log(2)
 
 
 class StateError(ValueError):
@@ -246,8 +247,8 @@ class ClusterState:
     def _decayed(self, value: float, as_of: float, gpus: int, now: float) -> float:
         # Exponentially decayed GPU-seconds: U(t) = U(t0)·d + g·H/ln2·(1 − d), d = 2^(−Δt/H).
         h = self.fairshare_halflife_s
-        d = math.exp(-math.log(2) * max(0.0, now - as_of) / h)
-        return value * d + gpus * h / math.log(2) * (1.0 - d)
+        d = math.exp(-_LN2 * max(0.0, now - as_of) / h)
+        return value * d + gpus * h / _LN2 * (1.0 - d)
 
     def fairshare(self, team: str, now: float) -> float:
         """Decayed GPU-seconds used by the team divided by its share (lower goes first)."""

@@ -20,6 +20,7 @@ from phalanx.core import (
     JobState,
     SchedulerConfig,
     apply_decisions,
+    decides_nothing,
     gang_shape,
     schedule,
 )
@@ -84,6 +85,7 @@ class SimResult:
     busy: array[float] = field(default_factory=_floats)
     queued: array[float] = field(default_factory=_floats)
     cycles: int = 0
+    idle_cycles: int = 0  # of which decided nothing, known without running (`decides_nothing`)
     preemptions: int = 0
     failures: int = 0
     restarts: int = 0
@@ -247,8 +249,12 @@ class Simulator:
     def _cycle(self, now: float) -> None:
         state, res, cfg = self.state, self.result, self.config
         if state.pending:
-            decisions = schedule(state, now, cfg.scheduler)
             res.cycles += 1
+            if decides_nothing(state, cfg.scheduler):
+                res.idle_cycles += 1
+                self._sample(now)
+                return
+            decisions = schedule(state, now, cfg.scheduler)
             applied = apply_decisions(state, decisions, now)
             for start in applied.starts:
                 job = self.jobs[start.job_id]
@@ -268,9 +274,13 @@ class Simulator:
             for victim, _for_job in applied.notices:
                 due = now + cfg.preemption_grace_s
                 self._push(due, PREEMPT_EXIT, victim, self.jobs[victim].epoch)
+        self._sample(now)
+
+    def _sample(self, now: float) -> None:
+        res = self.result
         res.times.append(now)
         res.busy.append(self.busy)
-        res.queued.append(len(state.pending))
+        res.queued.append(len(self.state.pending))
 
     def _collect(self) -> None:
         res = self.result
