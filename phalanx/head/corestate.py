@@ -17,6 +17,7 @@ from phalanx.core import (
     Placement,
     apply_decisions,
 )
+from phalanx.core.grow import add_node, fits
 from phalanx.head import store
 from phalanx.head.mirror import Mirror, Tx
 from phalanx.head.records import JobRecord, NodeRecord
@@ -59,27 +60,27 @@ def _avoid(mirror: Mirror, rec: JobRecord) -> frozenset[str]:
     return avoid if len(others) >= rec.spec.nodes else frozenset()
 
 
+def core_node(n: NodeRecord) -> Node:
+    """What the core sees of a node (one with GPUs)."""
+    return Node(
+        name=n.name,
+        gpus=len(n.gpus),
+        gpu_model=n.gpus[0].model,
+        gpu_memory_gb=n.gpus[0].memory_mb / 1024,
+        rack=n.labels.get("rack", "rack0"),
+        block=n.labels.get("block", "block0"),
+    )
+
+
 def rebuild(mirror: Mirror, tx: Tx, now: float) -> None:
-    """Build the core's state afresh from the mirror (at start-up and when nodes join)."""
+    """Build the core's state afresh from the mirror (at start-up, and when a node joins
+    that cannot be added incrementally: see `joined`)."""
     mirror.core_dirty = False
     usable = [n for n in mirror.nodes.values() if n.gpus]
     if not usable:
         mirror.core = None
         return
-    core = ClusterState(
-        [
-            Node(
-                name=n.name,
-                gpus=len(n.gpus),
-                gpu_model=n.gpus[0].model,
-                gpu_memory_gb=n.gpus[0].memory_mb / 1024,
-                rack=n.labels.get("rack", "rack0"),
-                block=n.labels.get("block", "block0"),
-            )
-            for n in usable
-        ],
-        mirror.teams.values(),
-    )
+    core = ClusterState([core_node(n) for n in usable], mirror.teams.values())
     for n in usable:
         if not n.schedulable:
             core.set_node_up(n.name, False, n.reason or n.state.value)
@@ -199,3 +200,33 @@ def node_changed(mirror: Mirror, node: NodeRecord) -> None:
     core = mirror.core
     if core is not None and node.name in core.node_index:
         core.set_node_up(node.name, node.schedulable, node.reason or node.state.value)
+
+
+def joined(mirror: Mirror, old: NodeRecord | None, node: NodeRecord) -> None:
+    """A node registered (`old`: its record before, if it rejoined). The core's state takes
+    it without a rebuild when it can: a new node no larger than the largest one is appended
+    (core/grow.py); a node rejoining with the same shape keeps its entry. Anything else (a
+    new shape, a larger node) rebuilds at the next cycle, as every join once did. (A job's
+    avoided nodes are left as they were queued, as when a node comes back up.)"""
+    core = live(mirror)
+    if core is None:
+        mirror.core_dirty = True
+        return
+    if old is not None and node.name in core.node_index:
+        same = old.gpus and node.gpus and core_node(old) == core_node(node)
+        if not same:
+            mirror.core_dirty = True
+        else:
+            node_changed(mirror, node)
+        return
+    if old is not None and old.gpus:
+        mirror.core_dirty = True  # it had GPUs and the core does not know it: rebuild
+        return
+    if not node.gpus:
+        return  # the core places on nodes with GPUs only
+    shape = core_node(node)
+    if not fits(core, shape):
+        mirror.core_dirty = True
+        return
+    add_node(core, shape)
+    node_changed(mirror, node)

@@ -72,10 +72,11 @@ def register(mirror: Mirror, tx: Tx, req: RegisterRequest, now: float) -> NodeRe
     tx.event(now, kind, f"{req.address}, {gpus}", node=req.name)
     if node.state is NodeState.DOWN:
         heard(mirror, tx, node, now)
-    mirror.core_dirty = True
-    # Peers at once, not at the next tick: a job may be placed before it, and an agent told
-    # no peers fences at the lease even through a head restart.
-    mirror.peer_lists = peers.pick(mirror)
+    corestate.joined(mirror, old, node)
+    # Its peers at once, not at the next tick: a job may be placed before it, and an agent
+    # told no peers fences at the lease even through a head restart. (The others' lists
+    # take it in at the next refresh: picking every node's anew per join is O(nodes²).)
+    mirror.peer_lists[req.name] = peers.pick_one(mirror, req.name)
     return node
 
 
