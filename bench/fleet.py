@@ -410,7 +410,14 @@ def run_one(n: int, args: argparse.Namespace, db_url: str | None) -> dict[str, A
     host0 = cpu_times()
     with (
         tempfile.TemporaryDirectory() as tmp,
-        LocalCluster(Path(tmp), nodes=0, tls=False, db_url=db_url, head_args=head_args) as c,
+        LocalCluster(
+            Path(tmp),
+            nodes=0,
+            tls=False,
+            db_url=db_url,
+            head_args=head_args,
+            start_timeout_s=600,
+        ) as c,
     ):
         pid = head_pid(c)
         hwm = 0.0

@@ -155,8 +155,15 @@ class JobRecord:
         }
 
     @classmethod
-    def from_row(cls, row: Any) -> JobRecord:
+    def from_row(cls, row: Any, specs: dict[str, JobSpec] | None = None) -> JobRecord:
+        """`specs`: specs already parsed, by their JSON (a JobSpec is frozen, so records
+        may share one): an array's tasks, stored with the same spec, are parsed once."""
         placement = json.loads(row.placement_json) if row.placement_json else []
+        spec = None if specs is None else specs.get(row.spec_json)
+        if spec is None:
+            spec = JobSpec.model_validate_json(row.spec_json)
+            if specs is not None:
+                specs[row.spec_json] = spec
         return cls(
             id=row.id,
             name=row.name,
@@ -166,7 +173,7 @@ class JobRecord:
             qos=row.qos,
             priority=row.priority,
             state=JobState(row.state),
-            spec=JobSpec.model_validate_json(row.spec_json),
+            spec=spec,
             submit_time=row.submit_time,
             reason=row.reason,
             reason_message=row.reason_message,
