@@ -87,7 +87,7 @@ def test_a_node_added_while_jobs_run_takes_queued_work() -> None:
 def test_a_larger_or_known_node_is_refused() -> None:
     s = ClusterState([Node("a", 4)])
     assert not fits(s, Node("big", 8))
-    with pytest.raises(StateError, match="only 1..4"):
+    with pytest.raises(StateError, match=r"only 1\.\.4"):
         add_node(s, Node("big", 8))
     with pytest.raises(StateError, match="duplicate"):
         add_node(s, Node("a", 4))
