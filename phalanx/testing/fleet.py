@@ -303,9 +303,16 @@ class HeadConnection:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
 
-    async def post(self, path: str, token: str, body: bytes) -> tuple[int, bytes]:
-        """(status, body) of one POST; OSError (or asyncio.IncompleteReadError) when the
-        head cannot be reached or closes the connection."""
+    async def post(
+        self, path: str, token: str, body: bytes, timeout_s: float = 30.0
+    ) -> tuple[int, bytes]:
+        """(status, body) of one POST; OSError (TimeoutError after `timeout_s`, as the
+        agent's own limit) or asyncio.IncompleteReadError when the head cannot be reached,
+        does not answer or closes the connection."""
+        async with asyncio.timeout(timeout_s):
+            return await self._post(path, token, body)
+
+    async def _post(self, path: str, token: str, body: bytes) -> tuple[int, bytes]:
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
             f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
@@ -433,7 +440,8 @@ class LiveFleet(Fleet):
         body = node.heartbeat(wait_s, self.utilisation).model_dump_json().encode()
         self._sent[node.name] = time.time()
         node.heartbeats += 1
-        return await conn.post("/v1/agent/heartbeat", node.token, body)
+        # As agent/headlink.py: a long poll is given up 10 s after the head should answer.
+        return await conn.post("/v1/agent/heartbeat", node.token, body, wait_s + 10.0)
 
     async def _poll_loop(self, conn: HeadConnection, node: SimNode) -> None:
         news = self._news.setdefault(node.name, asyncio.Event())
