@@ -209,6 +209,8 @@ def _stats(fleet: LiveFleet, probes: set[str], since: float) -> dict[str, Any]:
         "heartbeats": sum(n.heartbeats for n in fleet.nodes),
         "ended": fleet.ended,
         "errors": fleet.errors[:5],
+        "failures": dict(fleet.failures),
+        "silent": sorted(n.name for n in alive if fleet.ok_at.get(n.name, 0.0) < since)[:5],
     }
 
 
@@ -246,12 +248,15 @@ class Sims:
 
     def stats(self, since: float = 0.0) -> dict[str, Any]:
         parts = [r[1] for r in self.ask("stats", since)]
-        out: dict[str, Any] = {k: [] for k in ("latencies", "seen", "killed", "errors")}
+        out: dict[str, Any] = {k: [] for k in ("latencies", "seen", "killed", "errors", "silent")}
+        out["failures"] = {}
         for k in ("alive", "answered_since", "running", "busy_gpus", "heartbeats", "ended"):
             out[k] = sum(p[k] for p in parts)
         for p in parts:
-            for k in ("latencies", "seen", "killed", "errors"):
+            for k in ("latencies", "seen", "killed", "errors", "silent"):
                 out[k].extend(p[k])
+            for k, v in p["failures"].items():
+                out["failures"][k] = out["failures"].get(k, 0) + v
         return out
 
     def close(self) -> None:
@@ -502,8 +507,10 @@ def run_one(n: int, args: argparse.Namespace, db_url: str | None) -> dict[str, A
                 up_s = time.perf_counter() - t
                 pid = head_pid(c)
                 deadline = time.monotonic() + args.reconcile_timeout
+                taken: list[tuple[int, str, float]] = []  # running jobs a node was told to stop
                 while True:
                     st = sims.stats(t_kill)
+                    taken += st["killed"]
                     if st["answered_since"] >= st["alive"] or time.monotonic() > deadline:
                         break
                     time.sleep(0.5)
@@ -514,7 +521,10 @@ def run_one(n: int, args: argparse.Namespace, db_url: str | None) -> dict[str, A
                     "alive": st["alive"],
                     "running_before": before["running"],
                     "running_after": st["running"],
-                    "killed_running_jobs": len(st["killed"]),
+                    "killed_running_jobs": len(taken),
+                    "heartbeat_failures": st["failures"],
+                    "errors": st["errors"],
+                    "not_reconciled": st["silent"],
                 }
 
                 # ---- idle

@@ -108,8 +108,17 @@ class Head:
                 qos=None if qos is None else frozenset(qos),
             )
 
-    def forget_principals(self) -> None:
-        self._principals.clear()
+    def forget_principals(self, node: str | None = None, token_id: int | None = None) -> None:
+        """Forget cached principals: all of them, or (given `node`) node `node`'s
+        credentials and the token `token_id`."""
+        if node is None:
+            self._principals.clear()
+            return
+        for hashed, p in list(self._principals.items()):
+            if (p.kind == "node" and p.node == node) or (
+                token_id is not None and p.token_id == token_id
+            ):
+                self._principals.pop(hashed, None)
 
     @staticmethod
     def require_user(who: Principal) -> Principal:
@@ -393,7 +402,10 @@ class Head:
             store.add_token(tx.conn, auth.token_hash(token), "node", None, req.name, "", now)
 
         self.control.call(op)
-        self.forget_principals()  # the node's old credential (or a spent join token) revoked
+        # The node's old credential (and a spent single-use join token) revoked: forget
+        # those, not every principal (a join storm would send every node's next heartbeat
+        # to the database for its token: O(nodes²) lookups while 10,000 nodes join).
+        self.forget_principals(node=req.name, token_id=who.token_id if who.single_use else None)
         self.samples.forget(req.name)  # a new node under the name: not its GPUs' readings
         s = self.mirror.settings
         return m.RegisterResponse(

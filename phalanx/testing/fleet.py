@@ -391,6 +391,7 @@ class LiveFleet(Fleet):
     killed: list[tuple[int, str, float]] = field(default_factory=list)  # (job, node, at)
     dead: dict[str, float] = field(default_factory=dict)  # node → its last heartbeat sent
     ended: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # heartbeats that failed, by error
     _sent: dict[str, float] = field(default_factory=dict)
     _news: dict[str, asyncio.Event] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -411,7 +412,14 @@ class LiveFleet(Fleet):
             for node in part:
                 loop = self._probe_loop if node.name in probes else self._poll_loop
                 conn = HeadConnection(self.head_url, node.address)
-                self._tasks.append(asyncio.create_task(loop(conn, node)))
+                task = asyncio.create_task(loop(conn, node))
+                task.add_done_callback(self._ended)
+                self._tasks.append(task)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A node's loop ended: by `stop`, by `kill`, or by a bug (recorded, not lost)."""
+        if not task.cancelled() and task.exception() is not None:
+            self.errors.append(f"a node's heartbeat loop failed: {task.exception()!r}")
 
     async def stop(self) -> None:
         self._stop = True
@@ -458,11 +466,16 @@ class LiveFleet(Fleet):
                     told.cancel()
                     if not post.done():
                         post.cancel()  # news to tell: drop the long poll, report at once
-                if post.cancelled():
+                if post.cancelled() or not post.done():
+                    with contextlib.suppress(
+                        asyncio.CancelledError, OSError, asyncio.IncompleteReadError, ValueError
+                    ):
+                        await post  # its cancellation done (`stop` is seen at the loop's top)
                     continue
                 try:
                     status, content = post.result()
-                except (OSError, asyncio.IncompleteReadError, ValueError):
+                except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+                    self.failures[type(e).__name__] = self.failures.get(type(e).__name__, 0) + 1
                     await asyncio.sleep(self.retry_s)  # the head is away: try again shortly
                     continue
                 if node.name in self.dead:
