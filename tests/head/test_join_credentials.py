@@ -56,6 +56,6 @@ def _scenario(state: Path, head: Head) -> None:
     admin = head.authenticate((state / ADMIN_TOKEN_FILE).read_text().strip())
     once = head.issue_join_token(admin, JoinTokenCreate(single_use=True)).token
     head.register(head.authenticate(once), _req("d"))
-    with pytest.raises((AuthError, HeadError), match="used already|unknown or revoked"):
+    with pytest.raises((AuthError, HeadError), match=r"used already|unknown or revoked"):
         head.register(head.authenticate(once), _req("e"))
     assert head.authenticate(tokens["a"]) is principals["a"]
