@@ -9,6 +9,7 @@ import logging
 import os
 import ssl
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from .gpus import GpuProvider
 from .guard import LeaseFile
 from .health import HealthMonitor
 from .reconcile import Reconciler
+from .reportdelta import ReportStream
 from .tlsserve import AgentTLS
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,9 @@ class HeadLink:
         if self._own is not None:
             self.secrets.add(self._own)
         self.version = 0
+        # Delta heartbeats: reports numbered, each only what changed since the one the
+        # head acknowledged (reportdelta.py).
+        self.reports = ReportStream()
         self._reachable = True
         self._last_ok = time.monotonic()  # when the last answered request was SENT
         if lease_until is not None:
@@ -253,6 +258,7 @@ class HeadLink:
         if self.credential_file is not None:
             _write_credential(self.credential_file, reg.node_token)
         self.heartbeat_s, self.lease_s = reg.heartbeat_s, reg.lease_s
+        self.reports.reset()  # the head forgets a node's reports when it registers
         self._ok(sent)
         log.info("registered with the head at %s as %s", self.head_url, self.request.name)
         self.changed.set()  # report at once
@@ -271,25 +277,20 @@ class HeadLink:
             wait_s = 0.0
         health = self.health.snapshot() if self.health is not None else NodeHealth()
         telemetry = await asyncio.to_thread(self.gpus.telemetry)
+        report = partial(
+            self.reports.report,
+            name=self.request.name,
+            version=self.version,
+            wait_s=wait_s,
+            processes=self.reconciler.process_statuses(),
+            ports=self.reconciler.master_ports(),
+            health=health,
+        )
         try:
-            beat = Heartbeat(
-                name=self.request.name,
-                version=self.version,
-                wait_s=wait_s,
-                processes=self.reconciler.process_statuses(),
-                master_ports=self.reconciler.master_ports(),
-                gpus=telemetry,
-                health=health,
-            )
+            beat = report(gpus=telemetry)
         except ValidationError:  # a reading out of bounds must not silence the node
             self.survivals.record("heartbeat", "building the heartbeat; sent without telemetry")
-            beat = Heartbeat(
-                name=self.request.name,
-                version=self.version,
-                wait_s=wait_s,
-                processes=self.reconciler.process_statuses(),
-                master_ports=self.reconciler.master_ports(),
-            )
+            beat = report(gpus=[])
         assert self.node_token is not None
         sent = time.monotonic()
         post = asyncio.ensure_future(
@@ -320,6 +321,12 @@ class HeadLink:
             self.node_token = None
             self._forget_own()
             return
+        if r.status_code == 422 and beat.delta is not None:
+            # A head that predates delta reports refuses them (their null process list):
+            # full reports from now on, until a head acknowledges one.
+            log.info("the head at %s refused a delta report; sending full reports", self.head_url)
+            self.reports.reset()
+            return None
         if r.status_code != 200:
             return await self._failed(f"head answered {r.status_code}: {_detail(r)}")
         try:
@@ -341,9 +348,10 @@ class HeadLink:
             self.seen.learn(state.peer_secret)
             self.secrets.add(state.peer_secret)  # never in a job's environment
         self._ok(sent)
+        self.reports.answered(state.report_ack, state.full_report)
         await asyncio.to_thread(self.reconciler.apply, state, refused)
         self.version = state.version
-        if not new:
+        if not new and not state.full_report:  # asked for a full report: send it at once
             # The head answered early with nothing new (no long poll): keep the pace.
             await self._pause(max(0.0, self.heartbeat_s - (time.monotonic() - sent)))
 
@@ -377,6 +385,7 @@ class HeadLink:
         if len(self.head_urls) > 1:
             before = self.head_url
             self.head_url = self.head_urls[(self.head_urls.index(before) + 1) % len(self.head_urls)]
+            self.reports.reset()  # another head: it holds none of this node's reports
             if self._misses == 1:
                 log.warning("%s; trying the head at %s", why, self.head_url)
             if self._misses % len(self.head_urls):

@@ -501,21 +501,73 @@ class NodeHealth(Lenient):
     check_failure: Message | None = None
 
 
+class RankRef(Lenient):
+    """One rank of one run of a job (a ProcessStatus's key)."""
+
+    job_id: JobId
+    epoch: Count
+    rank: Count
+
+
+MasterPorts = Annotated[
+    dict[Annotated[str, StringConstraints(max_length=10, pattern=r"^[0-9]+$")], Port],
+    Field(max_length=MAX_LIST),
+]
+PortKeys = Annotated[
+    list[Annotated[str, StringConstraints(max_length=10, pattern=r"^[0-9]+$")]],
+    Field(max_length=MAX_LIST),
+]
+
+
+class ReportDelta(Lenient):
+    """What changed in an agent's report since the one numbered `base`, which the head
+    acknowledged (DesiredState.report_ack): ranks new or changed, ranks no longer
+    reported, master ports picked or dropped (docs/control-plane.md#heartbeats-at-scale)."""
+
+    base: Counter
+    processes: list[ProcessStatus] = Field(default=[], max_length=MAX_LIST)
+    gone: list[RankRef] = Field(default=[], max_length=MAX_LIST)
+    master_ports: MasterPorts = {}
+    ports_gone: PortKeys = []
+
+
 class Heartbeat(Lenient):
     """The agent's report. `version` is the desired-state version it last applied; with
-    `wait_s` > 0 the head holds the answer until that version changes (long poll)."""
+    `wait_s` > 0 the head holds the answer until that version changes (long poll).
+
+    A full report lists every rank (`processes`), port and GPU reading. A delta report
+    (`delta` set) carries only what changed since the report the head acknowledged; its
+    `processes` and `master_ports` are null, which a head that predates deltas refuses
+    (422) rather than misreading as "nothing runs here", and `gpus` and `health` are null
+    when unchanged. `seq` numbers the reports of one agent run (None: an agent that
+    predates deltas; its reports are full and never acknowledged)."""
 
     name: Name
     version: Counter
     wait_s: Annotated[float, Field(ge=0, le=30, allow_inf_nan=False)] = 0.0
-    processes: list[ProcessStatus] = Field(default=[], max_length=MAX_LIST)
+    processes: list[ProcessStatus] | None = Field(default=[], max_length=MAX_LIST)
     # job id → port picked by the rank-0 node
-    master_ports: Annotated[
-        dict[Annotated[str, StringConstraints(max_length=10, pattern=r"^[0-9]+$")], Port],
-        Field(max_length=MAX_LIST),
-    ] = {}
-    gpus: list[GpuTelemetry] = Field(default=[], max_length=MAX_GPUS_PER_NODE + 1)
-    health: NodeHealth = NodeHealth()
+    master_ports: MasterPorts | None = {}
+    gpus: list[GpuTelemetry] | None = Field(default=[], max_length=MAX_GPUS_PER_NODE + 1)
+    health: NodeHealth | None = NodeHealth()
+    seq: Annotated[int, Field(ge=1, le=MAX_INT64)] | None = None
+    delta: ReportDelta | None = None
+
+    @model_validator(mode="after")
+    def _full_or_delta(self) -> Heartbeat:
+        if self.delta is None:
+            if self.processes is None or self.master_ports is None:
+                raise ValueError("a full report (no `delta`) lists `processes` and `master_ports`")
+            if self.gpus is None or self.health is None:
+                raise ValueError("a full report (no `delta`) carries `gpus` and `health`")
+        else:
+            if self.seq is None:
+                raise ValueError("a delta report is numbered (`seq`)")
+            if self.processes is not None or self.master_ports is not None:
+                raise ValueError("a delta report has null `processes` and `master_ports`")
+            if self.delta.base >= self.seq:
+                raise ValueError("a delta report's `delta.base` precedes its `seq`")
+        return self
 
 
 class Notice(Lenient):
@@ -606,6 +658,11 @@ class DesiredState(Lenient):
     peer_secret: Annotated[str, StringConstraints(max_length=256), NoNul] = ""
     requeue_margin_s: Seconds = 0.0
     max_outage_s: Seconds = 0.0
+    # Delta reports (docs/control-plane.md#heartbeats-at-scale): the `seq` of this node's
+    # report the head holds (None: a head that predates deltas, or no numbered report
+    # yet), and whether the next report must be full (the head does not hold its base).
+    report_ack: Counter | None = None
+    full_report: bool = False
 
 
 # ----------------------------------------------------------------------------- auth admin

@@ -39,6 +39,16 @@ def head(
     heartbeat: Annotated[
         float, typer.Option(min=0.1, max=30, help="Seconds between agent heartbeats.")
     ] = 2.0,
+    heartbeat_rate: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            max=1e6,
+            help="Heartbeats a second the head budgets for: with more than --heartbeat × "
+            "this many nodes, agents heartbeat less often, down to 3 per --lease "
+            "(README: Heartbeats at scale).",
+        ),
+    ] = 1500.0,
     lease: Annotated[
         float,
         typer.Option(
@@ -195,6 +205,7 @@ def head(
         fail(str(exc))
     settings = Settings(
         heartbeat_s=heartbeat,
+        heartbeat_rate=heartbeat_rate,
         lease_s=lease,
         requeue_margin_s=requeue_margin,
         kill_grace_s=kill_grace,

@@ -127,6 +127,7 @@ def delete_user(head: Head, name: str, force: bool) -> None:
         tx.conn.execute(delete(db.memberships).where(db.memberships.c.user == name))
         tx.conn.execute(delete(db.users).where(db.users.c.name == name))
         head.mirror.unix_accounts.pop(name, None)
+        head.mirror.answers.invalidate_all()  # assignments carry the uid/gid
         tx.event(tx.now, "user_deleted", f"user {name} deleted by an admin")
 
     head.control.call(op)

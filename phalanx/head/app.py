@@ -33,6 +33,7 @@ from phalanx.head import (
     admin,
     dashboard,
     execproxy,
+    heartbeat_api,
     jobcontrol,
     jobs,
     metricsapi,
@@ -641,13 +642,16 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         peer = request.client.host if request.client else None
         return head.register(who, body, peer)
 
+    # Served by heartbeat_api.FastHeartbeat in front of the app; declared (and served if
+    # that is bypassed) here.
     @app.post("/v1/agent/heartbeat", response_model=m.DesiredState, responses=NOT_FOUND)
-    async def heartbeat(body: m.Heartbeat, who: Who) -> m.DesiredState:
-        return await head.heartbeat(who, body)
+    async def heartbeat(body: m.Heartbeat, who: Who) -> Response:
+        return Response(await head.heartbeat(who, body), media_type="application/json")
 
     app.include_router(metricsapi.router())  # /metrics, /v1/metrics/*
     fast = telemetry_api.FastTelemetry(FastSubmit(app, head, keys), head)
-    return ApiVersion(StandbyGate(fast, role), "head")
+    fast_beats = heartbeat_api.FastHeartbeat(fast, head)  # the agents' heartbeats
+    return ApiVersion(StandbyGate(fast_beats, role), "head")
 
 
 def _submit(head: Head, tx: Any, who: Principal, spec: m.JobSpec) -> m.SubmitResponse:

@@ -11,6 +11,8 @@ from sqlalchemy import Connection
 
 from phalanx.core import ClusterState, Decisions, JobTransition, NodeTransition, Team
 from phalanx.head import store
+from phalanx.head.answers import DesiredAnswers
+from phalanx.head.deltas import HeldReports
 from phalanx.head.records import JobRecord, NodeRecord
 
 
@@ -19,6 +21,9 @@ class Settings:
     """The head's timing knobs (`phalanx head --help`; docs/fault-tolerance.md)."""
 
     heartbeat_s: float = 2.0
+    # Heartbeats a second the head budgets for: past `heartbeat_s × heartbeat_rate` nodes
+    # agents are told to heartbeat less often, within their lease (head/intervals.py).
+    heartbeat_rate: float = 1500.0
     # A node with no heartbeat for this long is marked down; its agent stops its jobs when
     # it has not heard from the head for as long (fencing), so the head requeues them only
     # once `lease_s + requeue_margin_s` have passed: a job never runs as two copies.
@@ -72,6 +77,11 @@ class Mirror:
     peer_lists: dict[str, list[str]] = field(default_factory=dict)
     peers_sent: dict[str, list[str]] = field(default_factory=dict)
     peers_at: float | None = None
+    # Heartbeats at scale: each node's last reports, the base of its deltas (head/deltas.py),
+    # and each node's answer serialized once per change (head/answers.py). Here so that a
+    # rebuilt mirror (a rolled-back batch, a restart) starts them afresh with it.
+    held: HeldReports = field(default_factory=HeldReports)
+    answers: DesiredAnswers = field(default_factory=DesiredAnswers)
 
     def bump(self, tx: Tx, node: str) -> None:
         """What `node` must run changed: a new desired-state version wakes its long poll."""

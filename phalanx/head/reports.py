@@ -12,13 +12,12 @@ from phalanx.head.records import JobRecord, NodeRecord
 
 
 def heartbeat(mirror: Mirror, tx: Tx, node: NodeRecord, hb: Heartbeat, now: float) -> None:
-    """Apply one agent report: liveness, master ports, GPU health and every rank's status."""
-    node.last_heartbeat = node.heard_at = now
-    if node.state is NodeState.DOWN:
-        nodestates.heard(mirror, tx, node, now)
+    """Apply one agent report (a full one: head/deltas.py turns a delta into one):
+    liveness, master ports, GPU health and every rank's status."""
+    renew(mirror, tx, node, now)
     _master_ports(mirror, tx, node, hb)
     reports: dict[int, list[ProcessStatus]] = {}
-    for p in hb.processes:
+    for p in hb.processes or ():
         reports.setdefault(p.job_id, []).append(p)
     for job_id in sorted(mirror.node_jobs.get(node.name, set())):
         rec = mirror.jobs.get(job_id)
@@ -35,11 +34,19 @@ def heartbeat(mirror: Mirror, tx: Tx, node: NodeRecord, hb: Heartbeat, now: floa
             continue
         rec.ranks[node.name] = {p.rank: p for p in procs}
         _evaluate(mirror, tx, rec, node.name, now)
-    _health(mirror, tx, node, hb.health, now)
+    if hb.health is not None:
+        _health(mirror, tx, node, hb.health, now)
+
+
+def renew(mirror: Mirror, tx: Tx, node: NodeRecord, now: float) -> None:
+    """The node was heard: its lease runs from now (a down node comes back up)."""
+    node.last_heartbeat = node.heard_at = now
+    if node.state is NodeState.DOWN:
+        nodestates.heard(mirror, tx, node, now)
 
 
 def _master_ports(mirror: Mirror, tx: Tx, node: NodeRecord, hb: Heartbeat) -> None:
-    for key, port in hb.master_ports.items():
+    for key, port in (hb.master_ports or {}).items():
         rec = mirror.jobs.get(int(key)) if key.isdigit() else None
         if (
             rec is not None

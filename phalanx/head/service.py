@@ -10,11 +10,23 @@ import ssl
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from prometheus_client import Counter
 from pydantic import ValidationError
 
 from phalanx.api import models as m
-from phalanx.core import DrainCause
-from phalanx.head import auth, jobcontrol, jobs, lifecycle, nodestates, reports, store, views
+from phalanx.core import DrainCause, NodeState
+from phalanx.head import (
+    answers,
+    auth,
+    intervals,
+    jobcontrol,
+    jobs,
+    lifecycle,
+    nodestates,
+    reports,
+    store,
+    views,
+)
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.certs import AgentSigner
 from phalanx.head.control import ControlThread, HeadError, _core_team
@@ -50,6 +62,13 @@ class Head:
         self.metrics = HeadMetrics(self.mirror, control.lock)  # Prometheus (head/metrics.py)
         self.metrics.usage = self.usage  # the idle-GPU series
         control.on_committed.append(self.metrics.observe)
+        self.beats = Counter(
+            "phalanx_heartbeats",
+            "Agent heartbeats by kind: full reports, deltas, lease renewals (deltas with no "
+            "news), deltas refused (base unknown: a full report asked), stale reports.",
+            ("kind",),
+            registry=self.metrics.registry,
+        )
         # The overview's utilisation chart, minute by minute (head/utilhistory.py).
         holders = self.metrics.gpu_holders
         self.util_history = UtilHistory(lambda node: frozenset(holders.current().get(node, ())))
@@ -398,6 +417,11 @@ class Head:
                 if who.single_use and not store.use_single_use_token(tx.conn, who.token_id):
                     raise HeadError(409, "this single-use join token was used already")
             nodestates.register(self.mirror, tx, req, now)
+            self.mirror.held.forget(req.name)  # a new agent run: its reports start afresh
+            # Its address and agent URL are in the answers of every node it shares a job with.
+            shared = (self.mirror.jobs.get(j) for j in self.mirror.node_jobs.get(req.name, ()))
+            partners = {n for r in shared if r is not None for n, _ in r.placement}
+            self.mirror.answers.forget({req.name, *partners})
             store.revoke_node_tokens(tx.conn, req.name)
             store.add_token(tx.conn, auth.token_hash(token), "node", None, req.name, "", now)
 
@@ -410,7 +434,7 @@ class Head:
         s = self.mirror.settings
         return m.RegisterResponse(
             node_token=token,
-            heartbeat_s=s.heartbeat_s,
+            heartbeat_s=intervals.heartbeat_s(s, len(self.mirror.nodes)),
             lease_s=s.lease_s,
             agent_cert=agent_cert,
         )
@@ -448,26 +472,56 @@ class Head:
         self.forget_principals()
         return next(n for n in self.nodes().nodes if n.name == name)
 
-    async def heartbeat(self, who: Principal, hb: m.Heartbeat) -> m.DesiredState:
+    async def heartbeat(self, who: Principal, hb: m.Heartbeat) -> bytes:
+        """Apply an agent's report (full or delta: head/deltas.py) and answer its
+        DesiredState as JSON, held while nothing changes for the node (long poll)."""
         if who.kind != "node":
             raise Forbidden("heartbeats need a node credential")
         if who.node != hb.name:
             raise Forbidden(f"this node credential is node {who.node!r}'s, not {hb.name!r}")
+        if self._renew_lease(hb):
+            self.beats.labels("lease").inc()
+        else:
 
-        def op(tx: Tx) -> None:
-            node = self.mirror.nodes.get(hb.name)
-            if node is None:
-                raise HeadError(404, f"node {hb.name!r} is not registered")
-            reports.heartbeat(self.mirror, tx, node, hb, tx.now)
+            def op(tx: Tx) -> str:
+                node = self.mirror.nodes.get(hb.name)
+                if node is None:
+                    raise HeadError(404, f"node {hb.name!r} is not registered")
+                if self.mirror.held.stale(hb):  # a long poll the agent gave up on, late
+                    reports.renew(self.mirror, tx, node, tx.now)
+                    return "stale"
+                full = self.mirror.held.resolve(hb)
+                if full is None:  # a delta on a base the head does not hold: ask for all
+                    reports.renew(self.mirror, tx, node, tx.now)
+                    return "refused"
+                reports.heartbeat(self.mirror, tx, node, full, tx.now)
+                return "full" if hb.delta is None else "delta"
 
-        await self.control.run_async(op)
-        self.samples.observe(hb.name, hb.gpus, self.now())
+            kind = await self.control.run_async(op)
+            self.beats.labels(kind).inc()
+            if kind == "refused":
+                return self.desired_json(hb.name, full_report=True)
+        if hb.gpus:
+            self.samples.observe(hb.name, hb.gpus, self.now())
         node = self.mirror.nodes[hb.name]
         if hb.wait_s > 0 and node.version == hb.version:
             event = self._wakers.setdefault(hb.name, asyncio.Event())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), hb.wait_s)
-        return self.desired(hb.name)
+        return self.desired_json(hb.name)
+
+    def _renew_lease(self, hb: m.Heartbeat) -> bool:
+        """A delta with no news renews the node's lease here, without the control thread
+        (the kubelet's Lease, apart from its status); False: apply it as a report."""
+        if hb.delta is None:
+            return False
+        with self.control.lock:
+            node = self.mirror.nodes.get(hb.name)
+            if node is None or node.state is NodeState.DOWN or not self.mirror.held.renews_only(hb):
+                return False
+            node.last_heartbeat = node.heard_at = self.now()
+            self.mirror.held.advance(hb)
+            return True
 
     def _on_commit(self, nodes: set[str]) -> None:
         loop = self.loop
@@ -481,33 +535,58 @@ class Head:
                 event.set()
 
     def desired(self, name: str) -> m.DesiredState:
+        """`name`'s whole DesiredState (what `desired_json` answers, as a model)."""
+        return m.DesiredState.model_validate_json(self.desired_json(name))
+
+    def desired_json(self, name: str, full_report: bool = False) -> bytes:
+        """`name`'s DesiredState as JSON: built once per change of what it is made of
+        (head/answers.py), with this answer's acknowledgements and intervals in front.
+        `full_report`: ask the agent for a full report next."""
         s = self.mirror.settings
         with self.control.lock:
             node = self.mirror.nodes[name]
-            assignments = []
-            for job_id in sorted(self.mirror.node_jobs.get(name, set())):
-                rec = self.mirror.jobs.get(job_id)
-                if rec is None or rec.stopping is not None or not rec.state.running:
-                    continue
-                try:
-                    assignments.append(self._assignment(rec, name))
-                except ValidationError as e:  # stored before the API bounded it: fail it
-                    self._unlaunchable(rec, name, e)
+            nodes = self.mirror.nodes
             names = self.mirror.peer_lists.get(name, [])
             self.mirror.peers_sent[name] = names  # what the head checks should it go silent
-            nodes = self.mirror.nodes
-            return m.DesiredState(
-                version=node.version,
-                jobs=assignments,
-                heartbeat_s=s.heartbeat_s,
+            peers = tuple((p, nodes[p].agent_url) for p in names if p in nodes)
+            key = (node.version, self.mirror.answers.generation, peers)
+            body = self.mirror.answers.get(name, key)
+            if body is None:
+                body = self._desired_body(name, node.version, peers)
+                self.mirror.answers.put(name, key, body)
+            return answers.complete(
+                body,
+                heartbeat_s=intervals.heartbeat_s(s, len(nodes)),
                 lease_s=s.lease_s,
-                kill_grace_s=s.kill_grace_s,
                 health_ack=node.health_seq,
-                peers=[m.Peer(name=p, agent_url=nodes[p].agent_url) for p in names if p in nodes],
-                peer_secret=self.peer_secret,
-                requeue_margin_s=s.requeue_margin_s,
-                max_outage_s=s.max_outage_s,
+                report_ack=self.mirror.held.ack(name),
+                full_report=full_report,
             )
+
+    def _desired_body(self, name: str, version: int, peers: tuple[tuple[str, str], ...]) -> bytes:
+        """`name`'s DesiredState JSON without the per-answer fields (under the lock)."""
+        s = self.mirror.settings
+        assignments = []
+        for job_id in sorted(self.mirror.node_jobs.get(name, set())):
+            rec = self.mirror.jobs.get(job_id)
+            if rec is None or rec.stopping is not None or not rec.state.running:
+                continue
+            try:
+                assignments.append(self._assignment(rec, name))
+            except ValidationError as e:  # stored before the API bounded it: fail it
+                self._unlaunchable(rec, name, e)
+        state = m.DesiredState(
+            version=version,
+            jobs=assignments,
+            heartbeat_s=s.heartbeat_s,
+            lease_s=s.lease_s,
+            kill_grace_s=s.kill_grace_s,
+            peers=[m.Peer(name=p, agent_url=url) for p, url in peers],
+            peer_secret=self.peer_secret,
+            requeue_margin_s=s.requeue_margin_s,
+            max_outage_s=s.max_outage_s,
+        )
+        return state.model_dump_json(exclude=set(answers.PER_ANSWER)).encode()
 
     def _unlaunchable(self, rec: JobRecord, node: str, e: ValidationError) -> None:
         """A job no agent could accept (a NUL in its command, stored before the API refused
@@ -659,6 +738,7 @@ class Head:
                 req.gid,
             )
             self.mirror.unix_accounts[req.name] = (req.uid, req.gid)
+            self.mirror.answers.invalidate_all()  # assignments carry the uid/gid
 
         self.control.call(op)
         self.forget_principals()
@@ -684,6 +764,7 @@ class Head:
                 uid, gid = (None, None) if req.clear else (req.uid, req.gid)
                 store.set_unix_account(tx.conn, name, uid, gid)
                 self.mirror.unix_accounts[name] = (uid, gid)
+                self.mirror.answers.invalidate_all()  # assignments carry the uid/gid
             if "qos" in given:
                 store.set_user_qos(tx.conn, name, req.qos)
 

@@ -24,16 +24,19 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import httpx
 
 from phalanx.agent.env import global_rank, local_ranks
+from phalanx.agent.reportdelta import ReportStream
 from phalanx.api.models import (
     Assignment,
     DesiredState,
     GpuInfo,
     GpuTelemetry,
     Heartbeat,
+    NodeHealth,
     ProcessStatus,
     RegisterRequest,
     RegisterResponse,
@@ -41,6 +44,9 @@ from phalanx.api.models import (
 
 # A job's utilisation on its GPUs, by job id (default: busy).
 Utilisation = Callable[[int], float]
+# "delta": numbered reports, only changes since the acknowledged one (as agents send them,
+# agent/reportdelta.py); "full": every rank and reading every time (agents before deltas).
+Protocol = Literal["full", "delta"]
 
 
 def _busy(_job_id: int) -> float:
@@ -65,6 +71,8 @@ class SimNode:
     master_ports: dict[str, int] = field(default_factory=dict)
     heartbeats: int = 0
     latencies: list[float] = field(default_factory=list)  # seconds, heartbeats with wait 0
+    protocol: Protocol = "delta"
+    reports: ReportStream = field(default_factory=ReportStream)
 
     def inventory(self) -> list[GpuInfo]:
         return [
@@ -81,6 +89,7 @@ class SimNode:
         """Run what the head assigns, stop what it no longer does."""
         self.version = desired.version
         self.heartbeat_s = desired.heartbeat_s
+        self.reports.answered(desired.report_ack, desired.full_report)
         wanted = {a.job_id: a for a in desired.jobs}
         for job_id in list(self.running):
             epoch, _ = self.running[job_id]
@@ -145,6 +154,16 @@ class SimNode:
 
     def heartbeat(self, wait_s: float, utilisation: Utilisation) -> Heartbeat:
         procs = [p for _, ps in self.running.values() for p in ps]
+        if self.protocol == "delta":
+            return self.reports.report(
+                name=self.name,
+                version=self.version,
+                wait_s=wait_s,
+                processes=procs,
+                ports=dict(self.master_ports),
+                gpus=self.readings(utilisation),
+                health=NodeHealth(),
+            )
         return Heartbeat(
             name=self.name,
             version=self.version,
@@ -185,13 +204,16 @@ class Fleet:
         first_address: int = 0,
         verify: ssl.SSLContext | bool = True,
         utilisation: Utilisation = _busy,
+        protocol: Protocol = "delta",
     ) -> Fleet:
-        """`count` nodes named PREFIX-00001…, addresses 127.1.x.y from `first_address`."""
+        """`count` nodes named PREFIX-00001…, addresses 127.1.x.y from `first_address`,
+        heartbeating with `protocol`."""
         nodes = []
         for i in range(count):
             n = first_address + i
             address = f"127.1.{n // 250}.{n % 250 + 1}"
-            nodes.append(SimNode(name=f"{prefix}-{n + 1:05d}", address=address, gpus=gpus))
+            name = f"{prefix}-{n + 1:05d}"
+            nodes.append(SimNode(name=name, address=address, gpus=gpus, protocol=protocol))
         return Fleet(head_url, join_token, nodes, verify=verify, utilisation=utilisation)
 
     async def register_all(self, client: httpx.AsyncClient) -> None:
@@ -225,8 +247,16 @@ class Fleet:
         await asyncio.gather(*(one(n) for n in self.nodes))
 
     async def beat(self, client: httpx.AsyncClient, node: SimNode) -> None:
-        """One heartbeat of `node` (wait 0), its answer applied, its round trip recorded."""
-        body = node.heartbeat(0.0, self.utilisation).model_dump_json()
+        """One heartbeat of `node` (wait 0), its answer applied, its round trip recorded;
+        again at once (a full report) if the head asks for one."""
+        for _ in range(2):
+            if not await self._beat_once(client, node):
+                return
+
+    async def _beat_once(self, client: httpx.AsyncClient, node: SimNode) -> bool:
+        """One heartbeat; True if the head asked for a full report."""
+        beat = node.heartbeat(0.0, self.utilisation)
+        body = beat.model_dump_json()
         start = time.perf_counter()
         r = await client.post(
             "/v1/agent/heartbeat",
@@ -236,10 +266,15 @@ class Fleet:
         node.latencies.append(time.perf_counter() - start)
         node.heartbeats += 1
         if r.status_code != 200:
+            if r.status_code == 422 and beat.delta is not None:
+                node.reports.reset()  # a head that predates deltas: full reports
+                return True
             if len(self.errors) < 100:
                 self.errors.append(f"{node.name}: heartbeat {r.status_code} {r.text[:200]}")
-            return
-        node.apply(DesiredState.model_validate_json(r.content), time.time())
+            return False
+        desired = DesiredState.model_validate_json(r.content)
+        node.apply(desired, time.time())
+        return desired.full_report
 
     async def _node_loop(
         self, client: httpx.AsyncClient, node: SimNode, until: float, offset: float

@@ -27,7 +27,8 @@ def _with_new_fields(cls: type[Any], fields: dict[str, Any]) -> None:
     def dump(self: Any, **kwargs: Any) -> str:
         data = json.loads(original(self, **kwargs))
         data.update(fields)
-        for process in data.get("processes", []):
+        delta = data.get("delta") or {}
+        for process in [*(data.get("processes") or []), *delta.get("processes", [])]:
             process.update(NEW_PROCESS_FIELDS)
         return json.dumps(data)
 

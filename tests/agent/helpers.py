@@ -172,7 +172,7 @@ class FakeHead:
     def processes(self) -> list[ProcessStatus]:
         """The processes of the last heartbeat, or []."""
         with self._lock:
-            return list(self.beats[-1].processes) if self.beats else []
+            return list(self.beats[-1].processes or []) if self.beats else []
 
     def close(self) -> None:
         self._closed.set()
