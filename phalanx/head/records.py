@@ -277,24 +277,31 @@ class NodeRecord:
         )
 
     def info(self, jobs: list[int], gpus_used: int, now: float | None = None) -> NodeInfo:
+        return NodeInfo.model_validate(self.wire(jobs, gpus_used, now))
+
+    def wire(self, jobs: list[int], gpus_used: int, now: float | None = None) -> dict[str, Any]:
+        """`info()` as the plain dict of its JSON (`GET /v1/nodes` serializes 10,000 of
+        these without building a model each, and outside the control lock)."""
         now = time.time() if now is None else now
         state = self.state.value
         if self.state is NodeState.DRAIN and jobs:
             state = "draining"
         age = None if self.heard_at is None else max(0.0, now - self.heard_at)
-        return NodeInfo(
-            name=self.name,
-            address=self.address,
-            agent_url=self.agent_url,
-            state=state,  # type: ignore[arg-type]  # up/down/drain/draining by construction
-            reason=self.reason,
-            cpus=self.cpus,
-            memory_mb=self.memory_mb,
-            gpus=list(self.gpus),
-            gpus_used=gpus_used,
-            labels=dict(self.labels),
-            last_heartbeat=self.heard_at,
-            heartbeat_age_s=age,
-            jobs=jobs,
-            confinement=self.confinement,
-        )
+        return {
+            "name": self.name,
+            "address": self.address,
+            "agent_url": self.agent_url,
+            "state": state,
+            "reason": self.reason,
+            "cpus": self.cpus,
+            "memory_mb": self.memory_mb,
+            "gpus": [g.model_dump() for g in self.gpus],
+            "gpus_used": gpus_used,
+            "labels": dict(self.labels),
+            "last_heartbeat": self.heard_at,
+            "heartbeat_age_s": age,
+            "jobs": jobs,
+            "confinement": self.confinement,
+            "gpu_telemetry": [],
+            "telemetry_age_s": None,
+        }

@@ -330,29 +330,32 @@ class Head:
 
     # ------------------------------------------------------------------ nodes
     def nodes(self) -> m.NodeList:
+        return m.NodeList.model_validate({"nodes": self.node_rows()})
+
+    def node_rows(self) -> list[dict[str, Any]]:
+        """Every node as NodeInfo's JSON dict, by name. Only the node's own fields are read
+        under the control lock (10,000 nodes: the loop waits milliseconds, not the whole
+        listing); their GPU readings are added after it."""
         now = self.now()
         with self.control.lock:
-            out = []
+            jobs, out = self.mirror.jobs, []
             for node in sorted(self.mirror.nodes.values(), key=lambda n: n.name):
                 ids = sorted(self.mirror.node_jobs.get(node.name, set()))
                 used = sum(
                     len(g)
                     for i in ids
-                    if (rec := self.mirror.jobs.get(i)) is not None
+                    if (rec := jobs.get(i)) is not None
                     for name, g in rec.placement
                     if name == node.name
                 )
-                info = node.info(ids, used, now)
-                reading = self.samples.latest(node.name)
-                if reading is not None:
-                    info = info.model_copy(
-                        update={
-                            "gpu_telemetry": list(reading.gpus),
-                            "telemetry_age_s": max(0.0, now - reading.time),
-                        }
-                    )
-                out.append(info)
-        return m.NodeList(nodes=out)
+                out.append(node.wire(ids, used, now))
+        readings = self.samples.latest_all()
+        for row in out:
+            reading = readings.get(row["name"])
+            if reading is not None:
+                row["gpu_telemetry"] = [g.model_dump() for g in reading.gpus]
+                row["telemetry_age_s"] = max(0.0, now - reading.time)
+        return out
 
     # ------------------------------------------------------------------ standing
     def priorities(self, who: Principal) -> m.PriorityList:

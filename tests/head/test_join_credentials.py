@@ -5,11 +5,13 @@ In process: the head's service on a real SQLite store."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from pydantic_core import to_json
 
-from phalanx.api.models import GpuInfo, JoinTokenCreate, RegisterRequest
+from phalanx.api.models import GpuInfo, GpuTelemetry, JoinTokenCreate, NodeInfo, RegisterRequest
 from phalanx.head.auth import AuthError
 from phalanx.head.control import HeadError
 from phalanx.head.mirror import Settings
@@ -59,3 +61,27 @@ def _scenario(state: Path, head: Head) -> None:
     with pytest.raises((AuthError, HeadError), match=r"used already|unknown or revoked"):
         head.register(head.authenticate(once), _req("e"))
     assert head.authenticate(tokens["a"]) is principals["a"]
+
+
+def test_the_node_listing_rows_are_node_infos_json(tmp_path: Path) -> None:
+    """`GET /v1/nodes` writes plain dicts (built under the control lock, readings added
+    after it): each is exactly NodeInfo's JSON, with its jobs, GPUs in use and readings."""
+    state = tmp_path / "head"
+    head = build(state, None, Settings())
+    head.control.start()
+    try:
+        join = head.authenticate((state / JOIN_TOKEN_FILE).read_text().strip())
+        for n in ("b", "a"):
+            head.register(join, _req(n))
+        head.samples.observe("a", [GpuTelemetry(index=0, utilization_pct=97.0)], head.now())
+        rows = head.node_rows()
+    finally:
+        head.control.stop()
+    assert [r["name"] for r in rows] == ["a", "b"]
+    for row in rows:
+        as_json = json.loads(to_json(row))
+        assert NodeInfo.model_validate(row).model_dump(mode="json") == as_json
+    assert rows[0]["gpu_telemetry"][0]["utilization_pct"] == 97.0
+    assert rows[0]["telemetry_age_s"] is not None and rows[1]["gpu_telemetry"] == []
+    assert rows[0]["gpus"][0]["uuid"] == "GPU-a" and rows[0]["state"] == "up"
+    assert head.nodes().nodes[0].gpu_telemetry[0].utilization_pct == 97.0
