@@ -87,6 +87,23 @@ def steal_pct(before: tuple[int, int], after: tuple[int, int]) -> float | None:
     return round(100.0 * (after[1] - before[1]) / total, 2) if total > 0 else None
 
 
+def fsync_ms(directory: str, count: int = 20) -> dict[str, float | None]:
+    """How long this disk takes to make a small write durable (the head's SQLite commits
+    once per batch with synchronous=FULL: with slow fsyncs, submits/s is bounded by the
+    batch size over the fsync time, not by CPU)."""
+    times = []
+    path = Path(directory) / "fsync-probe"
+    with path.open("wb") as f:
+        for _ in range(count):
+            f.write(b"x" * 4096)
+            t0 = time.perf_counter()
+            f.flush()
+            os.fsync(f.fileno())
+            times.append(time.perf_counter() - t0)
+    path.unlink()
+    return {"p50": ms(percentile(times, 0.5)), "p99": ms(percentile(times, 0.99))}
+
+
 def proc_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICK
@@ -553,6 +570,7 @@ def run_one(n: int, args: argparse.Namespace, db_url: str | None) -> dict[str, A
             finally:
                 sims.close()
     result["cpu_steal_pct"] = steal_pct(host0, cpu_times())
+    result["fsync_ms"] = fsync_ms(tempfile.gettempdir())
     result["loadavg_1m"] = float(Path("/proc/loadavg").read_text().split()[0])
     return result
 
@@ -586,7 +604,7 @@ def main() -> None:
     p.add_argument("--idle-s", type=float, default=20.0)
     p.add_argument("--job-s", type=float, default=300.0, help="a job's mean run time")
     p.add_argument("--procs", type=int, default=os.cpu_count() or 2)
-    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--clients", type=int, default=64, help="concurrent submitting clients")
     p.add_argument("--sample", type=int, default=300, help="jobs whose start latency is read")
     p.add_argument("--heartbeat", type=float, default=None, help="the head's --heartbeat")
     p.add_argument("--lease", type=float, default=None, help="the head's --lease")

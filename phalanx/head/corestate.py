@@ -52,12 +52,22 @@ def core_request(mirror: Mirror, rec: JobRecord) -> JobRequest:
 
 
 def _avoid(mirror: Mirror, rec: JobRecord) -> frozenset[str]:
-    """Nodes that failed this job repeatedly, while enough other nodes remain to run it."""
+    """Nodes that failed this job repeatedly, while enough other nodes remain to run it.
+    O(avoided nodes) when the core is live (it counts the nodes in service), not
+    O(nodes): a rebuild asks this of every job that avoids some."""
     if not rec.avoid:
         return frozenset()
     avoid = frozenset(rec.avoid)
-    others = [n for n in mirror.nodes.values() if n.name not in avoid and n.schedulable]
-    return avoid if len(others) >= rec.spec.nodes else frozenset()
+    core = live(mirror)
+    if core is not None:
+        up = sum(core.up)
+        avoided_up = sum(
+            1 for n in avoid if (node := mirror.nodes.get(n)) is not None and node.schedulable
+        )
+        others = up - avoided_up
+    else:
+        others = sum(1 for n in mirror.nodes.values() if n.name not in avoid and n.schedulable)
+    return avoid if others >= rec.spec.nodes else frozenset()
 
 
 def core_node(n: NodeRecord) -> Node:
@@ -178,11 +188,25 @@ def apply(mirror: Mirror, decisions: Decisions, now: float) -> Applied:
 def requeue(mirror: Mirror, rec: JobRecord, now: float) -> None:
     """A running job goes back to the queue (its GPUs are free again)."""
     core = mirror.core
-    if core is not None and rec.id in core.running:
-        core.requeue(rec.id, now)
-    if rec.avoid:
-        # The core queued it with its old request: rebuild it with the nodes it must now
-        # avoid (rare: only after a node failed jobs repeatedly).
+    if core is None or rec.id not in core.running:
+        if rec.avoid:
+            mirror.core_dirty = True  # not in the core as running: the rebuild places it
+        return
+    queued = core.requeue(rec.id, now)
+    if rec.avoid and live(mirror) is core:
+        # The core queued it with its old request: queue it again asking to avoid the
+        # nodes that failed it (not a rebuild of every node and job: with nodes flapping
+        # under load, each requeue rebuilding 100,000 jobs stalled the loop for seconds,
+        # which silenced more nodes).
+        core.withdraw(rec.id)
+        fresh = replace(
+            core_request(mirror, rec),
+            attained_s=queued.attained_s,
+            dependencies=queued.dependencies,  # as the core knew them (met: it ran)
+            dependency_any=queued.dependency_any,
+        )
+        core.submit(fresh, now)
+    elif rec.avoid:
         mirror.core_dirty = True
 
 

@@ -80,3 +80,34 @@ def test_a_down_node_that_rejoins_is_schedulable_again(tmp_path: Path) -> None:
         assert loop.mirror.jobs[job].state is JobState.RUNNING
     finally:
         loop.close()
+
+
+def test_a_requeue_that_avoids_a_node_updates_the_job_not_the_whole_core(
+    tmp_path: Path,
+) -> None:
+    """A node fails two jobs: the second is requeued avoiding it. Its queued request is
+    replaced in the live core (once a rebuild of every node and queued job, per requeue),
+    and it runs elsewhere."""
+    loop = HeadLoop(tmp_path, SETTINGS)
+    try:
+        loop.join("n1", gpus=8)
+        jobs = [loop.submit(gpus_per_node=4) for _ in range(2)]
+        loop.advance(2)
+        assert {n for j in jobs for n, _ in loop.mirror.jobs[j].placement} == {"n1"}
+        loop.join("n2", gpus=8)
+        loop.advance(1)
+        core = loop.mirror.core
+        assert core is not None
+        loop.silence("n1")
+        loop.advance(SETTINGS.lease_s + SETTINGS.requeue_margin_s + 3)
+        assert loop.mirror.core is core and not loop.mirror.core_dirty
+        avoiding = [j for j in jobs if loop.mirror.jobs[j].avoid == ["n1"]]
+        assert avoiding  # the second job n1 failed avoids it
+        for j in jobs:
+            assert loop.mirror.jobs[j].state is JobState.RUNNING
+            assert [n for n, _ in loop.mirror.jobs[j].placement] == ["n2"]
+        for j in avoiding:
+            assert "n1" in core.running[j].request.exclude_nodes
+            assert loop.mirror.jobs[j].restart_count == 1
+    finally:
+        loop.close()
