@@ -421,6 +421,7 @@ class LiveFleet(Fleet):
     probes: int = 0
     group: int = 50
     retry_s: float = 1.0
+    register_tries: int = 30
     seen: list[tuple[int, str, float]] = field(default_factory=list)  # (job, node, at)
     ok_at: dict[str, float] = field(default_factory=dict)
     killed: list[tuple[int, str, float]] = field(default_factory=list)  # (job, node, at)
@@ -442,8 +443,21 @@ class LiveFleet(Fleet):
             part = fresh[k : k + self.group]
             gate = Fleet(self.head_url, self.join_token, part, verify=self.verify)
             gate.concurrency = self.concurrency
-            async with gate.client() as client:
-                await gate.register_all(client)
+            for attempt in range(self.register_tries):
+                # As an agent does, a node whose registration failed (a head too busy to
+                # take the connection, or answering 5xx) tries again after a pause.
+                left = [n for n in part if not n.token]
+                if not left:
+                    break
+                gate.nodes = left
+                try:
+                    async with gate.client() as client:
+                        await gate.register_all(client)
+                except (httpx.HTTPError, RuntimeError):
+                    if attempt + 1 == self.register_tries:
+                        raise
+                    self.failures["register"] = self.failures.get("register", 0) + 1
+                    await asyncio.sleep(self.retry_s)
             for node in part:
                 loop = self._probe_loop if node.name in probes else self._poll_loop
                 conn = HeadConnection(self.head_url, node.address)
