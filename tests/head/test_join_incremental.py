@@ -28,6 +28,9 @@ def test_joins_grow_the_live_core_and_get_queued_work(tmp_path: Path) -> None:
             assert core.nodes[-1].name == f"n{k:02d}" and core.nodes[-1].rack == f"r{k}"
             # Its peers at once (every other node heard: as many as there are, up to 8).
             assert loop.mirror.peer_lists[f"n{k:02d}"] == [f"n{j:02d}" for j in range(1, k)]
+            # and, the cluster being small, the earlier nodes take it in at once (an agent
+            # told too few peers fences at the lease through a head outage)
+            assert loop.mirror.peer_lists["n01"] == [f"n{j:02d}" for j in range(2, k + 1)]
         loop.advance(2)
         assert all(loop.mirror.jobs[j].state is JobState.RUNNING for j in jobs)
         assert {n for j in jobs for n, _ in loop.mirror.jobs[j].placement} == {
