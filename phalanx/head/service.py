@@ -69,6 +69,9 @@ class Head:
             ("kind",),
             registry=self.metrics.registry,
         )
+        self._beat_kinds = {
+            k: self.beats.labels(k) for k in ("full", "delta", "lease", "refused", "stale")
+        }
         # The overview's utilisation chart, minute by minute (head/utilhistory.py).
         holders = self.metrics.gpu_holders
         self.util_history = UtilHistory(lambda node: frozenset(holders.current().get(node, ())))
@@ -483,7 +486,7 @@ class Head:
         if who.node != hb.name:
             raise Forbidden(f"this node credential is node {who.node!r}'s, not {hb.name!r}")
         if self._renew_lease(hb):
-            self.beats.labels("lease").inc()
+            self._beat_kinds["lease"].inc()
         else:
 
             def op(tx: Tx) -> str:
@@ -501,7 +504,7 @@ class Head:
                 return "full" if hb.delta is None else "delta"
 
             kind = await self.control.run_async(op)
-            self.beats.labels(kind).inc()
+            self._beat_kinds[kind].inc()
             if kind == "refused":
                 return self.desired_json(hb.name, full_report=True)
         if hb.gpus:

@@ -27,7 +27,9 @@ from phalanx.api.models import (
     RegisterResponse,
     ReportDelta,
 )
+from phalanx.head import intervals
 from phalanx.head.deltas import KEPT, HeldReports
+from phalanx.head.mirror import Settings
 from phalanx.testing.fleet import SimNode
 from tests.head.conftest import HeadProc, start_head, stop_head
 
@@ -335,3 +337,13 @@ def test_a_delta_applies_on_the_base_it_names_among_those_kept() -> None:
     assert resolved is not None and resolved.health == NodeHealth()
     assert sorted((p.rank, p.running) for p in resolved.processes or []) == [(0, False), (1, True)]
     assert held.stale(gone) and held.ack("n") == 3
+
+
+def test_the_interval_grows_with_the_fleet_within_the_lease() -> None:
+    s = Settings()  # 2 s, 8 s lease, 1,500 heartbeats a second
+    table = {1: 2.0, 3_000: 2.0, 3_600: 2.4, 4_000: 2.667, 10_000: 2.667, 100_000: 2.667}
+    assert {n: intervals.heartbeat_s(s, n) for n in table} == table
+    # Never shorter than configured, even where a third of the lease is.
+    assert intervals.heartbeat_s(Settings(heartbeat_s=5.0, lease_s=12.0), 10_000) == 5.0
+    # A longer lease lets the fleet spread out further: 10,000 nodes at 1,500 a second.
+    assert intervals.heartbeat_s(Settings(lease_s=20.0), 10_000) == 6.667
