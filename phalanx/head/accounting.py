@@ -144,8 +144,9 @@ class Rollup:
         if to in HOLDS and was not in HOLDS and job is not None:
             if open_job is not None:  # a start the rollup missed the end of: close it
                 self._close(amounts, r.job_id, t)
+            # A stored row closed in this same replay stays marked for deletion: `_store`
+            # deletes it before inserting this new run's row (same job id, unique).
             self._open[r.job_id] = _Open(r.epoch or 0, gpus, job.user, job.team, job.qos, t)
-            self._closed.discard(r.job_id)
         elif was in HOLDS and to not in HOLDS and open_job is not None:
             self._close(amounts, r.job_id, t)
         if job is None:

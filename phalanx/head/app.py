@@ -516,8 +516,9 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
 
     # ----------------------------------------------------------------- nodes
     @app.get("/v1/nodes", response_model=m.NodeList)
-    def nodes(who: User) -> m.NodeList:
-        return head.nodes()
+    def nodes(who: User) -> Response:
+        # Plain dicts through pydantic-core's JSON writer, as GET /v1/jobs does.
+        return Response(to_json({"nodes": head.node_rows()}), media_type="application/json")
 
     @app.post("/v1/nodes/{name}/drain", response_model=m.NodeInfo, responses=NOT_FOUND)
     def drain(name: str, body: m.DrainRequest, who: Admin) -> m.NodeInfo:

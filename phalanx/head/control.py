@@ -113,6 +113,14 @@ class ControlThread:
         m.core_dirty = True
 
     def start(self) -> None:
+        # Every node's lease counts from now, when the loop starts to run, not from when
+        # `load` began: loading 100,000 live jobs takes seconds, and a lease counted from
+        # before it ran out at the first tick, before the agents were heard (their nodes
+        # were marked down and their running jobs requeued: killed by a head restart).
+        now = self.clock.time()
+        for node in self.mirror.nodes.values():
+            if node.last_heartbeat is not None:
+                node.last_heartbeat = max(node.last_heartbeat, now)
         self._thread.start()
 
     def stop(self) -> None:

@@ -17,6 +17,7 @@ from phalanx.core import (
     Placement,
     apply_decisions,
 )
+from phalanx.core.grow import add_node, fits
 from phalanx.head import store
 from phalanx.head.mirror import Mirror, Tx
 from phalanx.head.records import JobRecord, NodeRecord
@@ -51,35 +52,45 @@ def core_request(mirror: Mirror, rec: JobRecord) -> JobRequest:
 
 
 def _avoid(mirror: Mirror, rec: JobRecord) -> frozenset[str]:
-    """Nodes that failed this job repeatedly, while enough other nodes remain to run it."""
+    """Nodes that failed this job repeatedly, while enough other nodes remain to run it.
+    O(avoided nodes) when the core is live (it counts the nodes in service), not
+    O(nodes): a rebuild asks this of every job that avoids some."""
     if not rec.avoid:
         return frozenset()
     avoid = frozenset(rec.avoid)
-    others = [n for n in mirror.nodes.values() if n.name not in avoid and n.schedulable]
-    return avoid if len(others) >= rec.spec.nodes else frozenset()
+    core = live(mirror)
+    if core is not None:
+        up = sum(core.up)
+        avoided_up = sum(
+            1 for n in avoid if (node := mirror.nodes.get(n)) is not None and node.schedulable
+        )
+        others = up - avoided_up
+    else:
+        others = sum(1 for n in mirror.nodes.values() if n.name not in avoid and n.schedulable)
+    return avoid if others >= rec.spec.nodes else frozenset()
+
+
+def core_node(n: NodeRecord) -> Node:
+    """What the core sees of a node (one with GPUs)."""
+    return Node(
+        name=n.name,
+        gpus=len(n.gpus),
+        gpu_model=n.gpus[0].model,
+        gpu_memory_gb=n.gpus[0].memory_mb / 1024,
+        rack=n.labels.get("rack", "rack0"),
+        block=n.labels.get("block", "block0"),
+    )
 
 
 def rebuild(mirror: Mirror, tx: Tx, now: float) -> None:
-    """Build the core's state afresh from the mirror (at start-up and when nodes join)."""
+    """Build the core's state afresh from the mirror (at start-up, and when a node joins
+    that cannot be added incrementally: see `joined`)."""
     mirror.core_dirty = False
     usable = [n for n in mirror.nodes.values() if n.gpus]
     if not usable:
         mirror.core = None
         return
-    core = ClusterState(
-        [
-            Node(
-                name=n.name,
-                gpus=len(n.gpus),
-                gpu_model=n.gpus[0].model,
-                gpu_memory_gb=n.gpus[0].memory_mb / 1024,
-                rack=n.labels.get("rack", "rack0"),
-                block=n.labels.get("block", "block0"),
-            )
-            for n in usable
-        ],
-        mirror.teams.values(),
-    )
+    core = ClusterState([core_node(n) for n in usable], mirror.teams.values())
     for n in usable:
         if not n.schedulable:
             core.set_node_up(n.name, False, n.reason or n.state.value)
@@ -177,11 +188,25 @@ def apply(mirror: Mirror, decisions: Decisions, now: float) -> Applied:
 def requeue(mirror: Mirror, rec: JobRecord, now: float) -> None:
     """A running job goes back to the queue (its GPUs are free again)."""
     core = mirror.core
-    if core is not None and rec.id in core.running:
-        core.requeue(rec.id, now)
-    if rec.avoid:
-        # The core queued it with its old request: rebuild it with the nodes it must now
-        # avoid (rare: only after a node failed jobs repeatedly).
+    if core is None or rec.id not in core.running:
+        if rec.avoid:
+            mirror.core_dirty = True  # not in the core as running: the rebuild places it
+        return
+    queued = core.requeue(rec.id, now)
+    if rec.avoid and live(mirror) is core:
+        # The core queued it with its old request: queue it again asking to avoid the
+        # nodes that failed it (not a rebuild of every node and job: with nodes flapping
+        # under load, each requeue rebuilding 100,000 jobs stalled the loop for seconds,
+        # which silenced more nodes).
+        core.withdraw(rec.id)
+        fresh = replace(
+            core_request(mirror, rec),
+            attained_s=queued.attained_s,
+            dependencies=queued.dependencies,  # as the core knew them (met: it ran)
+            dependency_any=queued.dependency_any,
+        )
+        core.submit(fresh, now)
+    elif rec.avoid:
         mirror.core_dirty = True
 
 
@@ -199,3 +224,33 @@ def node_changed(mirror: Mirror, node: NodeRecord) -> None:
     core = mirror.core
     if core is not None and node.name in core.node_index:
         core.set_node_up(node.name, node.schedulable, node.reason or node.state.value)
+
+
+def joined(mirror: Mirror, old: NodeRecord | None, node: NodeRecord) -> None:
+    """A node registered (`old`: its record before, if it rejoined). The core's state takes
+    it without a rebuild when it can: a new node no larger than the largest one is appended
+    (core/grow.py); a node rejoining with the same shape keeps its entry. Anything else (a
+    new shape, a larger node) rebuilds at the next cycle, as every join once did. (A job's
+    avoided nodes are left as they were queued, as when a node comes back up.)"""
+    core = live(mirror)
+    if core is None:
+        mirror.core_dirty = True
+        return
+    if old is not None and node.name in core.node_index:
+        same = old.gpus and node.gpus and core_node(old) == core_node(node)
+        if not same:
+            mirror.core_dirty = True
+        else:
+            node_changed(mirror, node)
+        return
+    if old is not None and old.gpus:
+        mirror.core_dirty = True  # it had GPUs and the core does not know it: rebuild
+        return
+    if not node.gpus:
+        return  # the core places on nodes with GPUs only
+    shape = core_node(node)
+    if not fits(core, shape):
+        mirror.core_dirty = True
+        return
+    add_node(core, shape)
+    node_changed(mirror, node)

@@ -72,10 +72,16 @@ def register(mirror: Mirror, tx: Tx, req: RegisterRequest, now: float) -> NodeRe
     tx.event(now, kind, f"{req.address}, {gpus}", node=req.name)
     if node.state is NodeState.DOWN:
         heard(mirror, tx, node, now)
-    mirror.core_dirty = True
-    # Peers at once, not at the next tick: a job may be placed before it, and an agent told
-    # no peers fences at the lease even through a head restart.
-    mirror.peer_lists = peers.pick(mirror)
+    corestate.joined(mirror, old, node)
+    # Its peers at once, not at the next tick: a job may be placed before it, and an agent
+    # told no peers fences at the lease even through a head restart. While the cluster is
+    # small every node's list is short and takes the newcomer at once; past that, the
+    # others take it in at the next refresh (every node's anew per join is O(nodes²) in
+    # a join storm).
+    if len(mirror.nodes) <= peers.PEERS_PER_NODE + 1:
+        mirror.peer_lists = peers.pick(mirror)
+    else:
+        mirror.peer_lists[req.name] = peers.pick_one(mirror, req.name)
     return node
 
 

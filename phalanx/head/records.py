@@ -170,8 +170,15 @@ class JobRecord:
         }
 
     @classmethod
-    def from_row(cls, row: Any) -> JobRecord:
+    def from_row(cls, row: Any, specs: dict[str, JobSpec] | None = None) -> JobRecord:
+        """`specs`: specs already parsed, by their JSON (a JobSpec is frozen, so records
+        may share one): an array's tasks, stored with the same spec, are parsed once."""
         placement = json.loads(row.placement_json) if row.placement_json else []
+        spec = None if specs is None else specs.get(row.spec_json)
+        if spec is None:
+            spec = JobSpec.model_validate_json(row.spec_json)
+            if specs is not None:
+                specs[row.spec_json] = spec
         return cls(
             id=row.id,
             name=row.name,
@@ -181,7 +188,7 @@ class JobRecord:
             qos=row.qos,
             priority=row.priority,
             state=JobState(row.state),
-            spec=JobSpec.model_validate_json(row.spec_json),
+            spec=spec,
             submit_time=row.submit_time,
             reason=row.reason,
             reason_message=row.reason_message,
@@ -285,24 +292,31 @@ class NodeRecord:
         )
 
     def info(self, jobs: list[int], gpus_used: int, now: float | None = None) -> NodeInfo:
+        return NodeInfo.model_validate(self.wire(jobs, gpus_used, now))
+
+    def wire(self, jobs: list[int], gpus_used: int, now: float | None = None) -> dict[str, Any]:
+        """`info()` as the plain dict of its JSON (`GET /v1/nodes` serializes 10,000 of
+        these without building a model each, and outside the control lock)."""
         now = time.time() if now is None else now
         state = self.state.value
         if self.state is NodeState.DRAIN and jobs:
             state = "draining"
         age = None if self.heard_at is None else max(0.0, now - self.heard_at)
-        return NodeInfo(
-            name=self.name,
-            address=self.address,
-            agent_url=self.agent_url,
-            state=state,  # type: ignore[arg-type]  # up/down/drain/draining by construction
-            reason=self.reason,
-            cpus=self.cpus,
-            memory_mb=self.memory_mb,
-            gpus=list(self.gpus),
-            gpus_used=gpus_used,
-            labels=dict(self.labels),
-            last_heartbeat=self.heard_at,
-            heartbeat_age_s=age,
-            jobs=jobs,
-            confinement=self.confinement,
-        )
+        return {
+            "name": self.name,
+            "address": self.address,
+            "agent_url": self.agent_url,
+            "state": state,
+            "reason": self.reason,
+            "cpus": self.cpus,
+            "memory_mb": self.memory_mb,
+            "gpus": [g.model_dump() for g in self.gpus],
+            "gpus_used": gpus_used,
+            "labels": dict(self.labels),
+            "last_heartbeat": self.heard_at,
+            "heartbeat_age_s": age,
+            "jobs": jobs,
+            "confinement": self.confinement,
+            "gpu_telemetry": [],
+            "telemetry_age_s": None,
+        }

@@ -217,7 +217,10 @@ def _listen(host: str, port: int) -> socket.socket:
     """The API's listening socket (exit 1 with the reason if it cannot be had)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=2048)
+        # A restarted head is reconnected to by every agent at once (10,000 nodes), while
+        # it still loads its state: queue them all (the kernel caps this at
+        # net.core.somaxconn) rather than drop SYNs that the agents retry seconds later.
+        return socket.create_server((host, port), family=family, backlog=65535)
     except OSError as e:
         print(
             f"error: the head could not listen on {host}:{port}: {e.strerror or e}", file=sys.stderr

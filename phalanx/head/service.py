@@ -131,8 +131,17 @@ class Head:
                 qos=None if qos is None else frozenset(qos),
             )
 
-    def forget_principals(self) -> None:
-        self._principals.clear()
+    def forget_principals(self, node: str | None = None, token_id: int | None = None) -> None:
+        """Forget cached principals: all of them, or (given `node`) node `node`'s
+        credentials and the token `token_id`."""
+        if node is None:
+            self._principals.clear()
+            return
+        for hashed, p in list(self._principals.items()):
+            if (p.kind == "node" and p.node == node) or (
+                token_id is not None and p.token_id == token_id
+            ):
+                self._principals.pop(hashed, None)
 
     @staticmethod
     def require_user(who: Principal) -> Principal:
@@ -329,29 +338,32 @@ class Head:
 
     # ------------------------------------------------------------------ nodes
     def nodes(self) -> m.NodeList:
+        return m.NodeList.model_validate({"nodes": self.node_rows()})
+
+    def node_rows(self) -> list[dict[str, Any]]:
+        """Every node as NodeInfo's JSON dict, by name. Only the node's own fields are read
+        under the control lock (10,000 nodes: the loop waits milliseconds, not the whole
+        listing); their GPU readings are added after it."""
         now = self.now()
         with self.control.lock:
-            out = []
+            jobs, out = self.mirror.jobs, []
             for node in sorted(self.mirror.nodes.values(), key=lambda n: n.name):
                 ids = sorted(self.mirror.node_jobs.get(node.name, set()))
                 used = sum(
                     len(g)
                     for i in ids
-                    if (rec := self.mirror.jobs.get(i)) is not None
+                    if (rec := jobs.get(i)) is not None
                     for name, g in rec.placement
                     if name == node.name
                 )
-                info = node.info(ids, used, now)
-                reading = self.samples.latest(node.name)
-                if reading is not None:
-                    info = info.model_copy(
-                        update={
-                            "gpu_telemetry": list(reading.gpus),
-                            "telemetry_age_s": max(0.0, now - reading.time),
-                        }
-                    )
-                out.append(info)
-        return m.NodeList(nodes=out)
+                out.append(node.wire(ids, used, now))
+        readings = self.samples.latest_all()
+        for row in out:
+            reading = readings.get(row["name"])
+            if reading is not None:
+                row["gpu_telemetry"] = [g.model_dump() for g in reading.gpus]
+                row["telemetry_age_s"] = max(0.0, now - reading.time)
+        return out
 
     # ------------------------------------------------------------------ standing
     def priorities(self, who: Principal) -> m.PriorityList:
@@ -425,7 +437,10 @@ class Head:
             store.add_token(tx.conn, auth.token_hash(token), "node", None, req.name, "", now)
 
         self.control.call(op)
-        self.forget_principals()  # the node's old credential (or a spent join token) revoked
+        # The node's old credential (and a spent single-use join token) revoked: forget
+        # those, not every principal (a join storm would send every node's next heartbeat
+        # to the database for its token: O(nodes²) lookups while 10,000 nodes join).
+        self.forget_principals(node=req.name, token_id=who.token_id if who.single_use else None)
         self.samples.forget(req.name)  # a new node under the name: not its GPUs' readings
         s = self.mirror.settings
         return m.RegisterResponse(

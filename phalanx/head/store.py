@@ -12,7 +12,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Dialect, Table, bindparam, delete, func, insert, select, update
 
-from phalanx.api.models import JobEvent, TeamSpec, TokenInfo, UserInfo
+from phalanx.api.models import JobEvent, JobSpec, TeamSpec, TokenInfo, UserInfo
 from phalanx.core import JobState
 from phalanx.head import db
 from phalanx.head.records import JobRecord, NodeRecord
@@ -93,7 +93,8 @@ def live_jobs(conn: Connection) -> list[JobRecord]:
     rows = conn.execute(
         select(db.jobs).where(db.jobs.c.state.in_(LIVE_STATES)).order_by(db.jobs.c.id)
     )
-    return [JobRecord.from_row(r) for r in rows]
+    specs: dict[str, JobSpec] = {}  # an array's tasks share their spec: parsed once
+    return [JobRecord.from_row(r, specs) for r in rows]
 
 
 def job(conn: Connection, job_id: int) -> JobRecord | None:

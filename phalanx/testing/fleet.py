@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import secrets
 import ssl
 import time
@@ -317,3 +318,270 @@ class Fleet:
         return {
             j for n in self.nodes for j, (_, ps) in n.running.items() if any(p.running for p in ps)
         }
+
+
+class HeadConnection:
+    """One node's keep-alive HTTP/1.1 connection to the head, from the node's own loopback
+    address: what a real agent holds, without a general HTTP client's per-request cost
+    (httpx spends milliseconds per request, and its pool's bookkeeping grows with the
+    number of connections; a fleet process must send thousands of heartbeats a second).
+    Plain HTTP only; a request cut short (cancelled, or the head gone) closes it, and the
+    next request connects again."""
+
+    def __init__(self, head_url: str, local_address: str) -> None:
+        url = httpx.URL(head_url)
+        if url.scheme != "http":
+            raise ValueError("HeadConnection speaks plain HTTP (a head started --plain-http)")
+        self.host = url.host
+        self.port = url.port or 80
+        self.local_address = local_address
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def post(
+        self, path: str, token: str, body: bytes, timeout_s: float = 30.0
+    ) -> tuple[int, bytes]:
+        """(status, body) of one POST; OSError (TimeoutError after `timeout_s`, as the
+        agent's own limit) or asyncio.IncompleteReadError when the head cannot be reached,
+        does not answer or closes the connection."""
+        async with asyncio.timeout(timeout_s):
+            return await self._post(path, token, body)
+
+    async def _post(self, path: str, token: str, body: bytes) -> tuple[int, bytes]:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        ok = False
+        try:
+            if self._writer is None:
+                self._reader, self._writer = await asyncio.open_connection(
+                    self.host, self.port, local_addr=(self.local_address, 0)
+                )
+            reader, writer = self._reader, self._writer
+            assert reader is not None
+            writer.write(head + body)
+            status, content, keep = await _response(reader)
+            ok = keep
+            return status, content
+        finally:
+            if not ok:
+                self.close()
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._reader = self._writer = None
+
+
+async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    """(status, body, keep-alive) of one HTTP/1.1 response."""
+    lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    headers = {}
+    for line in lines[1:]:
+        key, _, value = line.partition(":")
+        if key:
+            headers[key.strip().lower()] = value.strip()
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        parts = []
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            chunk = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            parts.append(chunk[:-2])
+        content = b"".join(parts)
+    else:
+        content = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, content, headers.get("connection", "").lower() != "close"
+
+
+@dataclass
+class LiveFleet(Fleet):
+    """A Fleet whose nodes long-poll as a real agent does, for the fleet benchmark.
+
+    Each node keeps one heartbeat outstanding (`wait_s` = its heartbeat interval, so the
+    head answers at once when its desired state changes and a job's assignment arrives
+    without waiting for the next beat); a node with news (a job it ended) drops its long
+    poll and reports at once, as agent/headlink.py does. The first `probes` nodes instead
+    send plain heartbeats (wait 0) every interval and record their round trips, the
+    head's answer to a node with no change pending. On top of that, what a benchmark
+    drives: nodes die (`kill`: they stop heartbeating), new nodes join (`start` with more
+    nodes), jobs end on command (`finish`, `end_some`), and what it measures: when each
+    node first saw each assignment (`seen`), each node's last answered heartbeat
+    (`ok_at`), and jobs the head took away while they still ran (`killed`).
+
+    Each node heartbeats over its own connection (`HeadConnection`) from its own loopback
+    address (127.1.x.y); registration goes through httpx, `group` nodes per client.
+    Plain HTTP only.
+    """
+
+    probes: int = 0
+    group: int = 50
+    retry_s: float = 1.0
+    register_tries: int = 30
+    seen: list[tuple[int, str, float]] = field(default_factory=list)  # (job, node, at)
+    ok_at: dict[str, float] = field(default_factory=dict)
+    killed: list[tuple[int, str, float]] = field(default_factory=list)  # (job, node, at)
+    dead: dict[str, float] = field(default_factory=dict)  # node → its last heartbeat sent
+    ended: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # heartbeats that failed, by error
+    _sent: dict[str, float] = field(default_factory=dict)
+    _news: dict[str, asyncio.Event] = field(default_factory=dict)
+    _tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    _stop: bool = False
+
+    async def start(self, nodes: list[SimNode] | None = None) -> None:
+        """Register `nodes` (default: all of this fleet's) and start their heartbeats."""
+        fresh = self.nodes if nodes is None else nodes
+        if nodes is not None:
+            self.nodes.extend(nodes)
+        probes = {n.name for n in self.nodes[: self.probes]}
+        for k in range(0, len(fresh), self.group):
+            part = fresh[k : k + self.group]
+            gate = Fleet(self.head_url, self.join_token, part, verify=self.verify)
+            gate.concurrency = self.concurrency
+            for attempt in range(self.register_tries):
+                # As an agent does, a node whose registration failed (a head too busy to
+                # take the connection, or answering 5xx) tries again after a pause.
+                left = [n for n in part if not n.token]
+                if not left:
+                    break
+                gate.nodes = left
+                try:
+                    async with gate.client() as client:
+                        await gate.register_all(client)
+                except (httpx.HTTPError, RuntimeError):
+                    if attempt + 1 == self.register_tries:
+                        raise
+                    self.failures["register"] = self.failures.get("register", 0) + 1
+                    await asyncio.sleep(self.retry_s)
+            for node in part:
+                loop = self._probe_loop if node.name in probes else self._poll_loop
+                conn = HeadConnection(self.head_url, node.address)
+                task = asyncio.create_task(loop(conn, node))
+                task.add_done_callback(self._ended)
+                self._tasks.append(task)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """A node's loop ended: by `stop`, by `kill`, or by a bug (recorded, not lost)."""
+        if not task.cancelled() and task.exception() is not None:
+            self.errors.append(f"a node's heartbeat loop failed: {task.exception()!r}")
+
+    async def stop(self) -> None:
+        self._stop = True
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _answered(self, node: SimNode, status: int, content: bytes) -> None:
+        if status != 200:
+            if len(self.errors) < 100:
+                text = content[:200].decode(errors="replace")
+                self.errors.append(f"{node.name}: heartbeat {status} {text}")
+            return
+        now = time.time()
+        self.ok_at[node.name] = now
+        before = {j: any(p.running for p in ps) for j, (_, ps) in node.running.items()}
+        node.apply(DesiredState.model_validate_json(content), now)
+        for job_id, was_running in before.items():
+            if job_id not in node.running and was_running:
+                self.killed.append((job_id, node.name, now))
+        for job_id in node.running:
+            if job_id not in before:
+                self.seen.append((job_id, node.name, now))
+
+    async def _post(self, conn: HeadConnection, node: SimNode, wait_s: float) -> tuple[int, bytes]:
+        body = node.heartbeat(wait_s, self.utilisation).model_dump_json().encode()
+        self._sent[node.name] = time.time()
+        node.heartbeats += 1
+        # As agent/headlink.py: a long poll is given up 10 s after the head should answer.
+        return await conn.post("/v1/agent/heartbeat", node.token, body, wait_s + 10.0)
+
+    async def _poll_loop(self, conn: HeadConnection, node: SimNode) -> None:
+        news = self._news.setdefault(node.name, asyncio.Event())
+        try:
+            while not self._stop and node.name not in self.dead:
+                news.clear()
+                wait_s = self.heartbeat_s or node.heartbeat_s
+                post = asyncio.ensure_future(self._post(conn, node, wait_s))
+                post.add_done_callback(_retrieved)  # one cut off by `stop` is no error
+                told = asyncio.ensure_future(news.wait())
+                try:
+                    await asyncio.wait({post, told}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    told.cancel()
+                    if not post.done():
+                        post.cancel()  # news to tell: drop the long poll, report at once
+                if post.cancelled() or not post.done():
+                    with contextlib.suppress(
+                        asyncio.CancelledError, OSError, asyncio.IncompleteReadError, ValueError
+                    ):
+                        await post  # its cancellation done (`stop` is seen at the loop's top)
+                    continue
+                try:
+                    status, content = post.result()
+                except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+                    self.failures[type(e).__name__] = self.failures.get(type(e).__name__, 0) + 1
+                    await asyncio.sleep(self.retry_s)  # the head is away: try again shortly
+                    continue
+                if node.name in self.dead:
+                    return  # died while its last heartbeat was out
+                self._answered(node, status, content)
+                if status != 200:
+                    await asyncio.sleep(self.retry_s)
+        finally:
+            conn.close()
+
+    async def _probe_loop(self, conn: HeadConnection, node: SimNode) -> None:
+        try:
+            while not self._stop and node.name not in self.dead:
+                began = time.monotonic()
+                try:
+                    status, content = await self._post(conn, node, 0.0)
+                except (OSError, asyncio.IncompleteReadError, ValueError):
+                    await asyncio.sleep(self.retry_s)
+                    continue
+                node.latencies.append(time.monotonic() - began)
+                self._answered(node, status, content)
+                interval = self.heartbeat_s or node.heartbeat_s
+                await asyncio.sleep(max(0.0, interval - (time.monotonic() - began)))
+        finally:
+            conn.close()
+
+    def finish(self, job_id: int, exit_code: int = 0) -> int:
+        """End `job_id`'s ranks on every node that runs it; they report it at once."""
+        now = time.time()
+        done = 0
+        for n in self.nodes:
+            if n.finish(job_id, exit_code, now):
+                done += 1
+                event = self._news.get(n.name)
+                if event is not None:
+                    event.set()
+        self.ended += done > 0
+        return done
+
+    def end_some(self, count: int, rng: random.Random) -> int:
+        """End `count` of the jobs running on live nodes, chosen at random; how many."""
+        alive = [n for n in self.nodes if n.name not in self.dead]
+        running = sorted(
+            {j for n in alive for j, (_, ps) in n.running.items() if any(p.running for p in ps)}
+        )
+        return sum(self.finish(j) > 0 for j in rng.sample(running, min(count, len(running))))
+
+    def kill(self, names: list[str]) -> None:
+        """These nodes die: they never heartbeat again (their last one, if out, is dropped)."""
+        for name in names:
+            if name not in self.dead:
+                self.dead[name] = self._sent.get(name, time.time())
+                event = self._news.get(name)
+                if event is not None:
+                    event.set()  # drop the outstanding long poll
+
+
+def _retrieved(future: asyncio.Future[tuple[int, bytes]]) -> None:
+    if not future.cancelled():
+        future.exception()
