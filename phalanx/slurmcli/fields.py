@@ -335,6 +335,34 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
+def words(value: str, what: str) -> set[str]:
+    """A comma-separated option value (`-u a,b`) as checked names."""
+    return {check_name(w.strip(), what) for w in value.split(",") if w.strip()}
+
+
+class Selection:
+    """The job filters squeue and sacct share: `-u`, `-A`, `-n`, `-p`, `-q`, `-w` (an empty
+    set selects every job)."""
+
+    def __init__(self) -> None:
+        self.users: set[str] = set()
+        self.accounts: set[str] = set()
+        self.names: set[str] = set()
+        self.partitions: set[str] = set()
+        self.qos: set[str] = set()
+        self.nodes: set[str] = set()
+
+    def passes(self, job: Job) -> bool:
+        return (
+            (not self.users or job.user in self.users)
+            and (not self.partitions or job.partition in self.partitions)
+            and (not self.names or job.name in self.names)
+            and (not self.accounts or (job.account or "") in self.accounts)
+            and (not self.qos or job.qos in self.qos)
+            and (not self.nodes or bool(self.nodes.intersection(job.nodelist)))
+        )
+
+
 def host_list(names: Sequence[str]) -> str:
     try:
         return compress(names)

@@ -21,12 +21,13 @@ from phalanx.slurmcli.common import connect, die, run
 from phalanx.slurmcli.fields import (
     FormatError,
     Job,
-    check_name,
+    Selection,
     collapse_arrays,
     date,
     emit,
     parse_states,
     sacct_secs,
+    words,
 )
 from phalanx.slurmcli.jobsource import fetch
 from phalanx.slurmcli.slurmtime import parse_time
@@ -92,18 +93,13 @@ def _sacct(argv: list[str]) -> int:
     return 0
 
 
-class _Options:
+class _Options(Selection):
     def __init__(self) -> None:
+        super().__init__()
         self.fields: list[str] = []
         self.brief = self.long = self.noheader = self.json = self.all_users = False
         self.parsable = 0  # 1: `-p` (trailing delimiter), 2: `-P`
         self.delimiter = "|"
-        self.users: set[str] = set()
-        self.accounts: set[str] = set()
-        self.names: set[str] = set()
-        self.partitions: set[str] = set()
-        self.qos: set[str] = set()
-        self.nodes: set[str] = set()
         self.states: set[str] | None = None
         self.whole: set[int] = set()
         self.tasks: set[tuple[int, int]] = set()
@@ -114,7 +110,7 @@ class _Options:
         if flag in ("-a", "--allusers"):
             self.all_users = True
         elif flag in ("-A", "--accounts"):
-            self.accounts |= _words(value, "account")
+            self.accounts |= words(value, "account")
         elif flag in ("-b", "--brief"):
             self.brief = True
         elif flag in ("-E", "--endtime"):
@@ -132,7 +128,7 @@ class _Options:
         elif flag in ("-n", "--noheader"):
             self.noheader = True
         elif flag in ("-N", "--nodelist"):
-            self.nodes |= _words(value, "node")
+            self.nodes |= words(value, "node")
         elif flag in ("-o", "--format"):
             self.fields.append(value)
         elif flag in ("-p", "--parsable"):
@@ -142,20 +138,20 @@ class _Options:
         elif flag == "--delimiter":
             self.delimiter = value[:16]
         elif flag in ("-q", "--qos"):
-            self.qos |= _words(value, "qos")
+            self.qos |= words(value, "qos")
         elif flag in ("-r", "--partition"):
-            self.partitions |= _words(value, "partition")
+            self.partitions |= words(value, "partition")
         elif flag in ("-s", "--state"):
             self.states = parse_states(value, allow_all=False)
         elif flag in ("-S", "--starttime"):
             self.start = parse_time(value, now)
         elif flag in ("-u", "--user", "--uid"):
-            self.users |= {_user(u) for u in _words(value, "user")}
+            self.users |= {_user(u) for u in words(value, "user")}
         elif flag in ("-V", "--version"):
             print(slurmjson.VERSION_LINE)
             return True
         elif flag == "--name":
-            self.names |= _words(value, "job name")
+            self.names |= words(value, "job name")
         elif flag == "--json":
             self.json = True
         elif flag == "--yaml":
@@ -195,10 +191,6 @@ class _Options:
         if not parts:
             parts.append(os.environ.get("SACCT_FORMAT") or DEFAULT_FIELDS)
         return ",".join(parts)
-
-
-def _words(value: str, what: str) -> set[str]:
-    return {check_name(w.strip(), what) for w in value.split(",") if w.strip()}
 
 
 def _user(name: str) -> str:
@@ -243,19 +235,8 @@ def _select(client: Any, o: _Options, now: float) -> list[Job]:
             continue
         if o.states is not None and job.state not in o.states:
             continue
-        if o.users and job.user not in o.users:
-            continue
-        if o.partitions and job.partition not in o.partitions:
-            continue
-        if o.names and job.name not in o.names:
-            continue
-        if o.accounts and (job.account or "") not in o.accounts:
-            continue
-        if o.qos and job.qos not in o.qos:
-            continue
-        if o.nodes and not o.nodes.intersection(job.nodelist):
-            continue
-        out.append(job)
+        if o.passes(job):
+            out.append(job)
     return out
 
 

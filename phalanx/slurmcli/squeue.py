@@ -17,12 +17,13 @@ from phalanx.slurmcli.fields import (
     LIVE_CODES,
     FormatError,
     Job,
-    check_name,
+    Selection,
     collapse_arrays,
     date,
     emit,
     parse_states,
     squeue_secs,
+    words,
 )
 from phalanx.slurmcli.formats import Column, parse_format, parse_long_format, render
 from phalanx.slurmcli.jobsource import fetch
@@ -114,20 +115,15 @@ def _squeue(argv: list[str]) -> int:
     return 0
 
 
-class _Options:
+class _Options(Selection):
     def __init__(self) -> None:
-        self.accounts: set[str] = set()
-        self.names: set[str] = set()
-        self.partitions: set[str] = set()
-        self.qos: set[str] = set()
-        self.users: set[str] = set()
+        super().__init__()
         self.states: set[str] | None = set(LIVE_CODES)
         self.states_given = False
         self.ids: set[int] = set()
         self.whole: set[int] = set()  # `N` asked for (a job, or every task of array N)
         self.tasks: set[tuple[int, int]] = set()  # `N_i` asked for
         self.single_id: str | None = None
-        self.nodes: set[str] = set()
         self.format: str | None = os.environ.get("SQUEUE_FORMAT") or None
         self.long_format: str | None = os.environ.get("SQUEUE_FORMAT2") or None
         self.long = self.noheader = self.me = self.json = self.expand_arrays = False
@@ -136,7 +132,7 @@ class _Options:
     def apply(self, flag: str, value: str) -> bool:
         """Take one option; True when it printed something and squeue is done."""
         if flag in ("-A", "--accounts"):
-            self.accounts |= _words(value, "account")
+            self.accounts |= words(value, "account")
         elif flag in ("-j", "--jobs"):
             self._jobs(value)
         elif flag in ("-h", "--noheader"):
@@ -144,15 +140,15 @@ class _Options:
         elif flag in ("-l", "--long"):
             self.long = True
         elif flag in ("-n", "--name"):
-            self.names |= _words(value, "job name")
+            self.names |= words(value, "job name")
         elif flag in ("-o", "--format"):
             self.format, self.long_format = value, None
         elif flag in ("-O", "--Format"):
             self.long_format, self.format = value, None
         elif flag in ("-p", "--partition"):
-            self.partitions |= _words(value, "partition")
+            self.partitions |= words(value, "partition")
         elif flag in ("-q", "--qos"):
-            self.qos |= _words(value, "qos")
+            self.qos |= words(value, "qos")
         elif flag in ("-r", "--array"):
             self.expand_arrays = True
         elif flag in ("-t", "--states"):
@@ -161,10 +157,10 @@ class _Options:
             except FormatError as exc:
                 raise FormatError(f"{exc}\nsqueue: error: {VALID_STATES}") from None
         elif flag in ("-u", "--user"):
-            for word in _words(value, "user"):
+            for word in words(value, "user"):
                 self.users.add(_user(word))
         elif flag in ("-w", "--nodelist"):
-            self.nodes |= _words(value, "node")
+            self.nodes |= words(value, "node")
         elif flag == "--me":
             self.me = True
         elif flag == "--start":  # pending jobs and when they may start (`--begin`)
@@ -209,10 +205,6 @@ class _Options:
         self.single_id = refs[0] if len(self.ids) == 1 and len(refs) == 1 else None
 
 
-def _words(value: str, what: str) -> set[str]:
-    return {check_name(w.strip(), what) for w in value.split(",") if w.strip()}
-
-
 def _user(name: str) -> str:
     """A user name, or a numeric uid as the local account's name (as Slurm reads `-u`);
     an unknown uid is Slurm's error and matches no job (squeue goes on)."""
@@ -250,19 +242,8 @@ def _select(client: Any, o: _Options, now: float) -> list[Job]:
             continue
         if o.ids and not _named(o, job):
             continue
-        if o.users and job.user not in o.users:
-            continue
-        if o.partitions and job.partition not in o.partitions:
-            continue
-        if o.names and job.name not in o.names:
-            continue
-        if o.accounts and (job.account or "") not in o.accounts:
-            continue
-        if o.qos and job.qos not in o.qos:
-            continue
-        if o.nodes and not o.nodes.intersection(job.nodelist):
-            continue
-        out.append(job)
+        if o.passes(job):
+            out.append(job)
     return out
 
 
