@@ -14,13 +14,14 @@ import sys
 import threading
 
 from phalanx.client.api import ApiError, PhalanxClient
-from phalanx.jobspec import JobSpecError, merge, parse_sbatch_argv
+from phalanx.jobspec import JobSpecError, merge
 from phalanx.slurmcli.allocation import allocation_env, interrupts_raise, nodes_of, wait_running
 from phalanx.slurmcli.common import SlurmError, connect, die
-from phalanx.slurmcli.getopts import UsageError, run_tool, usage_lines
+from phalanx.slurmcli.getopts import run_tool
 from phalanx.slurmcli.submitting import (
     TERMINAL,
     build,
+    command_line,
     input_options,
     job_of,
     print_warnings,
@@ -54,19 +55,10 @@ def main(argv: list[str]) -> int:
 
 
 def _salloc(argv: list[str]) -> int:
-    try:
-        line = parse_sbatch_argv(argv, HANDLED, EXTRA)
-    except JobSpecError as exc:
-        die(str(exc))
-    if line.unknown:
-        raise UsageError(usage_lines("salloc", f"unrecognized option '{line.unknown[0]}'"))
+    line = command_line("salloc", argv, HANDLED, USAGE, EXTRA)
+    if line is None:
+        return 0
     flags = line.seen
-    if "help" in flags or "usage" in flags:
-        sys.stdout.write(USAGE)
-        return 0
-    if "version" in flags:
-        print("slurm 22.05 (phalanx)")
-        return 0
     for unsupported in ("no-shell", "x11", "hold"):
         if unsupported in flags:
             die(f"--{unsupported} is not supported by Phalanx's salloc")

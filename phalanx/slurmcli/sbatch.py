@@ -8,19 +8,18 @@ from __future__ import annotations
 import os
 import sys
 
-from phalanx import __version__
 from phalanx.jobspec import (
     JobSpecError,
     SubmitOptions,
     merge,
-    parse_sbatch_argv,
     parse_sbatch_script,
 )
 from phalanx.slurmcli.common import connect, die
-from phalanx.slurmcli.getopts import UsageError, run_tool, usage_lines
+from phalanx.slurmcli.getopts import run_tool
 from phalanx.slurmcli.submitting import (
     ScriptError,
     build,
+    command_line,
     exit_status,
     input_options,
     job_of,
@@ -31,7 +30,6 @@ from phalanx.slurmcli.submitting import (
     with_arguments,
 )
 
-SLURM_VERSION = "22.05"  # the Slurm whose commands and formats these follow
 # sbatch options honoured here rather than in the JobSpec.
 HANDLED = frozenset(
     {
@@ -76,19 +74,10 @@ def main(argv: list[str]) -> int:
 
 
 def _sbatch(argv: list[str]) -> int:
-    try:
-        line = parse_sbatch_argv(argv, HANDLED | HARMLESS)
-    except JobSpecError as exc:
-        die(str(exc))
-    if line.unknown:
-        raise UsageError(usage_lines("sbatch", f"unrecognized option '{line.unknown[0]}'"))
+    line = command_line("sbatch", argv, HANDLED | HARMLESS, USAGE)
+    if line is None:
+        return 0
     flags = line.seen
-    if "help" in flags or "usage" in flags:
-        sys.stdout.write(USAGE)
-        return 0
-    if "version" in flags:
-        print(f"slurm {SLURM_VERSION} (phalanx {__version__})")
-        return 0
     try:
         text, name = _script(flags.get("wrap"), line.arguments)
         script = parse_sbatch_script(text, (HANDLED | HARMLESS) - {"wrap"})

@@ -13,6 +13,7 @@ from phalanx.jobspec import JobSpecError
 from phalanx.jobspec.jobflags import signal_name
 from phalanx.slurmcli.common import connect, die
 from phalanx.slurmcli.getopts import Opt, Parsed, parse, run_tool
+from phalanx.slurmcli.slurmjson import VERSION_LINE
 
 OPTIONS = [
     Opt("signal", "s", True),
@@ -67,7 +68,7 @@ def _scancel(argv: list[str]) -> int:
         sys.stdout.write(USAGE)
         return 0
     if args.has("version"):
-        print("slurm 22.05 (phalanx)")
+        print(VERSION_LINE)
         return 0
     for unsupported in ("interactive", "nodelist", "reservation"):
         if args.has(unsupported):

@@ -20,6 +20,7 @@ from phalanx.slurmcli.scontrol_show import (
     node_records,
     partition_records,
 )
+from phalanx.slurmcli.slurmjson import VERSION_LINE
 
 OPTIONS = [
     Opt("oneliner", "o"),
@@ -53,7 +54,7 @@ def _scontrol(argv: list[str]) -> int:
         return 0
     words = args.arguments
     if args.has("version") or words[:1] in (["version"], ["-V"]):
-        print("slurm 22.05 (phalanx)")
+        print(VERSION_LINE)
         return 0
     if not words:
         die("no command given; Phalanx's scontrol runs one command (see scontrol --help)")

@@ -10,7 +10,7 @@ import posixpath
 import shlex
 import sys
 
-from phalanx.jobspec import JobSpecError, SubmitOptions, parse_sbatch_argv
+from phalanx.jobspec import JobSpecError, SubmitOptions
 from phalanx.slurmcli.allocation import (
     ALLOCATION_ENV,
     follow_output,
@@ -19,8 +19,15 @@ from phalanx.slurmcli.allocation import (
     wait_running,
 )
 from phalanx.slurmcli.common import connect, die
-from phalanx.slurmcli.getopts import UsageError, run_tool, usage_lines
-from phalanx.slurmcli.submitting import build, exit_status, job_of, print_warnings, submit
+from phalanx.slurmcli.getopts import run_tool
+from phalanx.slurmcli.submitting import (
+    build,
+    command_line,
+    exit_status,
+    job_of,
+    print_warnings,
+    submit,
+)
 
 # srun's own options (long, short, takes a value) that sbatch lacks or takes otherwise.
 EXTRA = [
@@ -66,19 +73,10 @@ def main(argv: list[str]) -> int:
 
 
 def _srun(argv: list[str]) -> int:
-    try:
-        line = parse_sbatch_argv(argv, HANDLED, EXTRA)
-    except JobSpecError as exc:
-        die(str(exc))
-    if line.unknown:
-        raise UsageError(usage_lines("srun", f"unrecognized option '{line.unknown[0]}'"))
+    line = command_line("srun", argv, HANDLED, USAGE, EXTRA)
+    if line is None:
+        return 0
     flags = line.seen
-    if "help" in flags or "usage" in flags:
-        sys.stdout.write(USAGE)
-        return 0
-    if "version" in flags:
-        print("slurm 22.05 (phalanx)")
-        return 0
     for unsupported in ("pty", "multi-prog", "input", "het-group"):
         if unsupported in flags:
             die(f"--{unsupported} is not supported by Phalanx's srun")

@@ -8,15 +8,19 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import BinaryIO
 
 from phalanx.api.models import JobInfo, JobSpec, SubmitResponse
+from phalanx.api.states import TERMINAL_JOB_STATES
 from phalanx.client.api import ApiError, PhalanxClient
-from phalanx.jobspec import SubmitOptions, build_spec
+from phalanx.jobspec import CommandLine, JobSpecError, SubmitOptions, build_spec, parse_sbatch_argv
+from phalanx.slurmcli.common import die
+from phalanx.slurmcli.getopts import UsageError, usage_lines
+from phalanx.slurmcli.slurmjson import VERSION_LINE
 
 MAX_SCRIPT_BYTES = 1_000_000  # JobSpec.script's bound
-TERMINAL = frozenset({"CD", "F", "CA", "TO", "NF", "OOM"})
+TERMINAL = TERMINAL_JOB_STATES  # the wire's terminal job states (phalanx.api.states)
 # Slurm's input environment variables (man sbatch, "INPUT ENVIRONMENT VARIABLES") that map
 # to a SubmitOptions field; the command line overrides them and they override #SBATCH.
 _INPUT_VARS = {
@@ -27,6 +31,31 @@ _INPUT_VARS = {
     "TIMELIMIT": "time", "CPUS_PER_TASK": "cpus_per_task",
 }  # fmt: skip
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh"})
+
+
+def command_line(
+    tool: str,
+    argv: list[str],
+    handled: frozenset[str],
+    usage: str,
+    extra: Sequence[tuple[str, str | None, bool]] = (),
+) -> CommandLine | None:
+    """An sbatch-family command line (sbatch, srun, salloc) read as sbatch reads it; None
+    once it printed `--help`/`--usage` or `--version` (the tool is done). A bad or unknown
+    option is getopt's usage error."""
+    try:
+        line = parse_sbatch_argv(argv, handled, extra)
+    except JobSpecError as exc:
+        die(str(exc))
+    if line.unknown:
+        raise UsageError(usage_lines(tool, f"unrecognized option '{line.unknown[0]}'"))
+    if "help" in line.seen or "usage" in line.seen:
+        sys.stdout.write(usage)
+        return None
+    if "version" in line.seen:
+        print(VERSION_LINE)
+        return None
+    return line
 
 
 class ScriptError(Exception):
