@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
@@ -46,10 +45,8 @@ from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.leader import Role
 from phalanx.head.notify import Notifier
-from phalanx.head.plainasgi import read_body
+from phalanx.head.plainasgi import PlainPost, error_answer, read_body
 from phalanx.head.service import Head
-
-log = logging.getLogger("phalanx.head")
 
 _bearer = HTTPBearer(auto_error=False)
 JOBSPEC_REF = "#/components/schemas/JobSpec"
@@ -147,35 +144,16 @@ def _declared_too_large(length: bytes | None) -> bool:
     return declared_too_large(length, MAX_BODY_BYTES)
 
 
-class FastSubmit:
-    """`POST /v1/jobs`, the hottest route, as plain ASGI in front of FastAPI: no Starlette
-    Request, routing, dependency solving or middleware (together ~half the head's CPU per
-    submit).
-    The same checks, limits and error bodies as every other route; FastAPI still declares
-    the route (OpenAPI) and serves it if this is bypassed."""
+class FastSubmit(PlainPost):
+    """`POST /v1/jobs`, the hottest route, as plain ASGI in front of FastAPI (Starlette's
+    Request, routing, dependency solving and middleware were together ~half the head's CPU
+    per submit)."""
 
     def __init__(self, app: ASGIApp, head: Head, keys: jobs.SubmitKeys) -> None:
-        self.app = app
-        self.head = head
-        self.keys = keys
+        async def answer(scope: Scope, receive: Receive) -> tuple[int, bytes]:
+            return await submit_answer(head, keys, scope, receive)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/jobs" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        try:
-            status, body = await submit_answer(self.head, self.keys, scope, receive)
-        except Exception as e:
-            answer = error_answer(e)
-            if answer is None:  # a bug: logged, and answered like FastAPI answers one
-                log.exception("POST /v1/jobs failed")
-                answer = 500, "internal server error (logged by the head)", {}
-            await _json(*answer)(scope, receive, send)  # the exception handlers' answer
-            return
-        headers = [(b"content-type", b"application/json")]
-        headers.append((b"content-length", str(len(body)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        super().__init__(app, "/v1/jobs", answer)
 
 
 class StandbyGate:
@@ -239,20 +217,6 @@ def _check_idempotency_key(key: str | None) -> str | None:
         f"{IDEMPOTENCY_HEADER} must be 1 to 128 characters from A-Z a-z 0-9 _ . : - "
         f"(got {key[:40]!r}{'…' if len(key) > 40 else ''})",
     )
-
-
-def error_answer(e: BaseException) -> tuple[int, str, dict[str, str]] | None:
-    """The status, `detail` and extra headers of the API's answer to an error (None: not
-    one of ours, a server error)."""
-    if isinstance(e, HeadError):
-        return e.status, e.detail, {}
-    if isinstance(e, AuthError):
-        return 401, str(e), {"WWW-Authenticate": "Bearer"}
-    if isinstance(e, Forbidden):
-        return 403, str(e), {}
-    if isinstance(e, RequestValidationError):
-        return 422, m.validation_detail(e.errors()), {}
-    return None
 
 
 def create_app(head: Head, role: Role | None = None) -> ASGIApp:

@@ -1,12 +1,73 @@
 """What the head's plain-ASGI fast paths share (app.FastSubmit for `POST /v1/jobs`,
-telemetry_api.FastTelemetry for `POST /v1/telemetry`): reading a bounded request body."""
+telemetry_api.FastTelemetry for `POST /v1/telemetry`, heartbeat_api.FastHeartbeat for
+`POST /v1/agent/heartbeat`): serving one POST route in front of FastAPI with the API's
+error answers, and reading a bounded request body."""
 
 from __future__ import annotations
 
-from starlette.types import Receive
+import logging
+from collections.abc import Awaitable, Callable
 
-from phalanx.api.asgi import MAX_BODY_BYTES, too_large_detail
+from fastapi.exceptions import RequestValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from phalanx.api import models as m
+from phalanx.api.asgi import MAX_BODY_BYTES, json_error, too_large_detail
+from phalanx.head.auth import AuthError, Forbidden
 from phalanx.head.control import HeadError
+
+log = logging.getLogger("phalanx.head")
+
+# A fast path's answer to one request: its status and JSON body.
+Answer = Callable[[Scope, Receive], Awaitable[tuple[int, bytes]]]
+
+
+def error_answer(e: BaseException) -> tuple[int, str, dict[str, str]] | None:
+    """The status, `detail` and extra headers of the API's answer to an error (None: not
+    one of ours, a server error)."""
+    if isinstance(e, HeadError):
+        return e.status, e.detail, {}
+    if isinstance(e, AuthError):
+        return 401, str(e), {"WWW-Authenticate": "Bearer"}
+    if isinstance(e, Forbidden):
+        return 403, str(e), {}
+    if isinstance(e, RequestValidationError):
+        return 422, m.validation_detail(e.errors()), {}
+    return None
+
+
+class PlainPost:
+    """`POST path` as plain ASGI in front of FastAPI: no Starlette Request, routing,
+    dependency solving or middleware for the head's hottest routes. Errors get the same
+    status, body and headers as every other route's; a bug is logged and answered as
+    FastAPI answers one. Every other request goes on to `app`. FastAPI still declares the
+    route (OpenAPI) and serves it if this is bypassed."""
+
+    def __init__(self, app: ASGIApp, path: str, answer: Answer) -> None:
+        self.app = app
+        self.path = path
+        self.answer = answer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        try:
+            status, body = await self.answer(scope, receive)
+        except Exception as e:
+            error = error_answer(e)
+            if error is None:
+                log.exception("POST %s failed", self.path)
+                error = 500, "internal server error (logged by the head)", {}
+            await json_error(*error)(scope, receive, send)
+            return
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
 
 TOO_LARGE = too_large_detail(MAX_BODY_BYTES)
 

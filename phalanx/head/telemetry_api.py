@@ -9,12 +9,11 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope
 
 from phalanx.api import models as m
 from phalanx.api import telemetry as t
@@ -22,17 +21,14 @@ from phalanx.api.asgi import (
     MAX_BODY_BYTES,
     bearer_token,
     declared_too_large,
-    json_error,
     too_large_detail,
 )
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.jobstats import progress_series
-from phalanx.head.plainasgi import read_body
+from phalanx.head.plainasgi import PlainPost, read_body
 from phalanx.head.service import Head
 from phalanx.head.tsdb import Overloaded
-
-log = logging.getLogger("phalanx.head")
 
 JobRef = Annotated[
     str,
@@ -56,7 +52,7 @@ async def _principal(request: Request) -> Principal:
 Who = Annotated[Principal, Depends(_principal)]
 
 
-class FastTelemetry:
+class FastTelemetry(PlainPost):
     """`POST /v1/telemetry` as plain ASGI in front of FastAPI (as FastSubmit does for
     submits): a thousand nodes post every 10 s, and FastAPI's request, routing and
     dependency layers would cost the head more than storing the samples does
@@ -64,37 +60,10 @@ class FastTelemetry:
     declares it (OpenAPI) and serves it if this is bypassed."""
 
     def __init__(self, app: ASGIApp, head: Head) -> None:
-        self.app = app
-        self.head = head
+        async def answer(scope: Scope, receive: Receive) -> tuple[int, bytes]:
+            return 200, await _answer(head, scope, receive)
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != "/v1/telemetry" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        try:
-            body = await _answer(self.head, scope, receive)
-            status = 200
-        except HeadError as e:
-            await json_error(e.status, e.detail)(scope, receive, send)
-            return
-        except AuthError as e:
-            await json_error(401, str(e), {"WWW-Authenticate": "Bearer"})(scope, receive, send)
-            return
-        except Forbidden as e:
-            await json_error(403, str(e))(scope, receive, send)
-            return
-        except Exception:  # a bug: logged, answered as FastAPI answers one
-            log.exception("POST /v1/telemetry failed")
-            await json_error(500, "internal server error (logged by the head)")(
-                scope, receive, send
-            )
-            return
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        super().__init__(app, "/v1/telemetry", answer)
 
 
 async def _answer(head: Head, scope: Scope, receive: Receive) -> bytes:
