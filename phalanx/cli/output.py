@@ -61,15 +61,9 @@ def duration(seconds: float | None) -> str:
     """Slurm's elapsed-time format: `M:SS`, `H:MM:SS` or `D-HH:MM:SS`."""
     if seconds is None:
         return ""
-    total = max(0, int(seconds))
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
-    if hours:
-        return f"{hours}:{minutes:02d}:{secs:02d}"
-    return f"{minutes}:{secs:02d}"
+    from phalanx.jobspec.units import elapsed  # here: most commands never format a duration
+
+    return elapsed(max(0, int(seconds)))
 
 
 def timestamp(unix: float | None) -> str:

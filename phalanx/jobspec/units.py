@@ -95,6 +95,19 @@ def _clock(seconds: int) -> str:
     return f"{days}-{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
 
 
+def elapsed(seconds: int) -> str:
+    """Slurm's elapsed-time form (squeue's TIME, `phalanx queue`): `M:SS`, `H:MM:SS` or
+    `D-HH:MM:SS`."""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    if hours:
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    return f"{minutes}:{secs:02d}"
+
+
 def parse_mem(text: str) -> int:
     """Parse a Slurm memory size into MB (binary units: 1G = 1024M).
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.hostlist import compress
+from phalanx.jobspec.units import elapsed
 
 # Phalanx's state codes (api.states) → Slurm's words; the codes are Slurm's compact ones.
 STATE_WORDS: dict[str, str] = {
@@ -296,14 +297,7 @@ def squeue_secs(seconds: float | None) -> str:
     s = int(seconds)
     if s < 0 or s > MAX_SECONDS:
         return "INVALID"
-    days, rest = divmod(s, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
-    if hours:
-        return f"{hours}:{minutes:02d}:{secs:02d}"
-    return f"{minutes}:{secs:02d}"
+    return elapsed(s)
 
 
 def sacct_secs(seconds: float | None) -> str:
