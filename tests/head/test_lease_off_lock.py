@@ -196,7 +196,8 @@ def test_a_node_whose_jobs_were_requeued_is_never_told_to_keep_them(rig: Rig) ->
     rig.join("n1")
     rig.beat(full("n1", 1))
     spec = JobSpec(command=["train"], workdir="/work")
-    job = int(rig.control.call(lambda tx: jobs.submit(rig.control.mirror, tx, USER, spec)).job_ids[0])
+    mirror = rig.control.mirror
+    job = int(rig.control.call(lambda tx: jobs.submit(mirror, tx, USER, spec)).job_ids[0])
     rig.clock.advance(1.0)  # a scheduling cycle is due (the fake monotonic clock moved)
     rig.control.call(lambda tx: None)  # the batch that runs it
     placed = rig.beat(full("n1", 2))
