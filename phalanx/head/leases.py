@@ -15,7 +15,8 @@ clock takes the same lock for each down decision:
   (and a node whose jobs were requeued is never told its lease was renewed by a shortcut).
 
 Nothing else is done under this lock: a renewal writes two floats, the clock re-reads one
-and marks the node down.
+and marks the node down. Lock order: HeldReports' lock, then this one (a renewal); the
+control lock, then this one (the clock); nothing takes another lock while holding this.
 """
 
 from __future__ import annotations
