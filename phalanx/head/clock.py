@@ -134,7 +134,14 @@ def _nodes(mirror: Mirror, tx: Tx, now: float) -> None:
             continue
         silent = now - node.last_heartbeat
         if silent > s.lease_s and node.state is not NodeState.DOWN:
-            nodestates.silent(mirror, tx, node, silent, now)
+            # The event loop renews leases without the control lock (head/leases.py): look
+            # again under the leases' lock, and mark it down while holding it, so that a
+            # renewal either lands before (seen here) or sees the node down (and goes to
+            # this thread as a report, which brings the node back).
+            with mirror.leases.lock:
+                silent = now - node.last_heartbeat
+                if silent > s.lease_s:
+                    nodestates.silent(mirror, tx, node, silent, now)
         if node.state is not NodeState.DOWN or silent <= s.lease_s + s.requeue_margin_s:
             continue
         # Too few of its peers are heard either: it may be cut off with them, riding out

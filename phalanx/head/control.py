@@ -300,7 +300,8 @@ class ControlThread:
         as a restart would: what was committed is all there is."""
         fresh = Mirror(self.mirror.settings)
         for f in dataclasses.fields(Mirror):
-            setattr(self.mirror, f.name, getattr(fresh, f.name))
+            if f.name != "leases":  # the event loop may hold it now
+                setattr(self.mirror, f.name, getattr(fresh, f.name))
         self.load()
 
 

@@ -12,6 +12,8 @@ acknowledged a report that holds it, so no exit status is lost on the way.
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from phalanx.api.models import MAX_LIST, Heartbeat, NodeHealth, ProcessStatus
@@ -38,8 +40,9 @@ KEPT = 4  # reports held per node: a delta may build on any of the latest few
 
 
 class HeldReports:
-    """Every node's latest HeldReports, newest last. Owned by the control thread (readers
-    take its lock).
+    """Every node's latest HeldReports, newest last. Changed by the control thread, and by
+    the event loop for a delta that only renews a lease (`renew_lease`): every method takes
+    this object's own small lock, never the control lock.
 
     More than one is kept because an agent that has news while its long poll is held
     cancels that request and sends a new one: the head may have applied the cancelled one
@@ -49,6 +52,7 @@ class HeldReports:
 
     def __init__(self) -> None:
         self._held: dict[str, list[HeldReport]] = {}
+        self._lock = threading.Lock()
 
     def _latest(self, node: str) -> HeldReport | None:
         kept = self._held.get(node)
@@ -56,21 +60,39 @@ class HeldReports:
 
     def ack(self, node: str) -> int | None:
         """The seq of `node`'s latest report the head holds (None: none)."""
-        latest = self._latest(node)
-        return latest.seq if latest is not None else None
+        with self._lock:
+            latest = self._latest(node)
+            return latest.seq if latest is not None else None
 
     def forget(self, node: str) -> None:
         """A node (re)joined: its next report starts afresh."""
-        self._held.pop(node, None)
+        with self._lock:
+            self._held.pop(node, None)
 
     def stale(self, hb: Heartbeat) -> bool:
         """A numbered report older than (or the same as) the latest the head holds: a
         request the agent gave up on (a long poll it cancelled) that arrived late. Not
         applied: it would take the node's ranks back to an earlier state."""
-        latest = self._latest(hb.name)
-        return hb.seq is not None and latest is not None and hb.seq <= latest.seq
+        with self._lock:
+            latest = self._latest(hb.name)
+            return hb.seq is not None and latest is not None and hb.seq <= latest.seq
 
     def renews_only(self, hb: Heartbeat) -> bool:
+        """Whether `hb` only renews its node's lease (`_renews_only`)."""
+        with self._lock:
+            return self._renews_only(hb)
+
+    def renew_lease(self, hb: Heartbeat, renew: Callable[[], bool]) -> bool:
+        """If `hb` only renews its node's lease and `renew()` renewed it (head/leases.py:
+        False for a node that is down), the latest held report is now numbered as `hb`
+        (`advance`): True. Else nothing changed: apply `hb` as a report (False)."""
+        with self._lock:
+            if not self._renews_only(hb) or not renew():
+                return False
+            self._advance(hb)
+            return True
+
+    def _renews_only(self, hb: Heartbeat) -> bool:
         """Whether `hb` is a delta on the latest held report that changes nothing in it
         (no rank, port or health news, the same desired-state version): it renews the
         node's lease, nothing more (as a kubelet's Lease is separate from its status). GPU
@@ -86,6 +108,10 @@ class HeldReports:
     def advance(self, hb: Heartbeat) -> None:
         """`hb` renewed the lease only (`renews_only`): the latest held report is now
         numbered as it is (the agent builds its next delta on `hb.seq`)."""
+        with self._lock:
+            self._advance(hb)
+
+    def _advance(self, hb: Heartbeat) -> None:
         latest = self._latest(hb.name)
         if latest is not None and hb.seq is not None:
             self._keep(
@@ -102,6 +128,10 @@ class HeldReports:
         """The full report `hb` amounts to, and it becomes the latest held one; None: a
         delta whose base the head does not hold, or one that would grow the held report
         past the bounds of a full report (ask for a full report; nothing is applied)."""
+        with self._lock:
+            return self._resolve(hb)
+
+    def _resolve(self, hb: Heartbeat) -> Heartbeat | None:
         if hb.delta is None:
             assert hb.processes is not None and hb.master_ports is not None
             assert hb.health is not None

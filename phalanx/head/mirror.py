@@ -13,6 +13,7 @@ from phalanx.core import ClusterState, Decisions, JobTransition, NodeTransition,
 from phalanx.head import store
 from phalanx.head.answers import DesiredAnswers
 from phalanx.head.deltas import HeldReports
+from phalanx.head.leases import Leases
 from phalanx.head.records import JobRecord, NodeRecord
 
 
@@ -82,6 +83,9 @@ class Mirror:
     # rebuilt mirror (a rolled-back batch, a restart) starts them afresh with it.
     held: HeldReports = field(default_factory=HeldReports)
     answers: DesiredAnswers = field(default_factory=DesiredAnswers)
+    # Orders the event loop's lease renewals against the clock's down decisions
+    # (head/leases.py); kept across a rebuilt mirror.
+    leases: Leases = field(default_factory=Leases)
 
     def bump(self, tx: Tx, node: str) -> None:
         """What `node` must run changed: a new desired-state version wakes its long poll."""

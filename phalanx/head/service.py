@@ -8,20 +8,21 @@ import itertools
 import os
 import secrets
 import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from prometheus_client import Counter
 from pydantic import ValidationError
 
 from phalanx.api import models as m
-from phalanx.core import DrainCause, NodeState
+from phalanx.core import DrainCause
 from phalanx.head import (
     answers,
     auth,
     intervals,
     jobcontrol,
     jobs,
+    leases,
     lifecycle,
     nodestates,
     reports,
@@ -511,7 +512,7 @@ class Head:
             kind = await self.control.run_async(op)
             self._beat_kinds[kind].inc()
             if kind == "refused":
-                return self.desired_json(hb.name, full_report=True)
+                return await self._answer(hb.name, full_report=True)
         if hb.gpus:
             self.samples.observe(hb.name, hb.gpus, self.now())
         node = self.mirror.nodes[hb.name]
@@ -519,20 +520,27 @@ class Head:
             event = self._wakers.setdefault(hb.name, asyncio.Event())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), hb.wait_s)
-        return self.desired_json(hb.name)
+        return await self._answer(hb.name)
+
+    async def _answer(self, name: str, full_report: bool = False) -> bytes:
+        """`desired_json` for the event loop: a cached answer without the control lock; one
+        to build waits for the lock in a worker thread, not on the loop."""
+        body = self._cached_json(name, full_report)
+        if body is None:
+            body = await asyncio.to_thread(self.desired_json, name, full_report)
+        return body
 
     def _renew_lease(self, hb: m.Heartbeat) -> bool:
         """A delta with no news renews the node's lease here, without the control thread
-        (the kubelet's Lease, apart from its status); False: apply it as a report."""
+        or its lock (the kubelet's Lease, apart from its status); False: apply it as a
+        report."""
         if hb.delta is None:
             return False
-        with self.control.lock:
-            node = self.mirror.nodes.get(hb.name)
-            if node is None or node.state is NodeState.DOWN or not self.mirror.held.renews_only(hb):
-                return False
-            node.last_heartbeat = node.heard_at = self.now()
-            self.mirror.held.advance(hb)
-            return True
+        # Never the control lock: the control thread may hold it through a long batch, and
+        # every heartbeat would wait for it (head/leases.py: how this orders with the clock).
+        mirror = self.mirror
+        node = mirror.nodes.get(hb.name)
+        return mirror.held.renew_lease(hb, lambda: leases.renew(mirror.leases, node, self.now()))
 
     def _on_commit(self, nodes: set[str]) -> None:
         loop = self.loop
@@ -553,26 +561,59 @@ class Head:
         """`name`'s DesiredState as JSON: built once per change of what it is made of
         (head/answers.py), with this answer's acknowledgements and intervals in front.
         `full_report`: ask the agent for a full report next."""
-        s = self.mirror.settings
+        body = self._cached_json(name, full_report)
+        if body is not None:
+            return body
         with self.control.lock:
             node = self.mirror.nodes[name]
-            nodes = self.mirror.nodes
-            names = self.mirror.peer_lists.get(name, [])
-            self.mirror.peers_sent[name] = names  # what the head checks should it go silent
-            peers = tuple((p, nodes[p].agent_url) for p in names if p in nodes)
-            key = (node.version, self.mirror.answers.generation, peers)
+            key, names, peers = self._answer_key(name, node)
             body = self.mirror.answers.get(name, key)
             if body is None:
                 body = self._desired_body(name, node.version, peers)
                 self.mirror.answers.put(name, key, body)
-            return answers.complete(
-                body,
-                heartbeat_s=intervals.heartbeat_s(s, len(nodes)),
-                lease_s=s.lease_s,
-                health_ack=node.health_seq,
-                report_ack=self.mirror.held.ack(name),
-                full_report=full_report,
-            )
+            return self._complete(name, node, names, body, full_report)
+
+    def _answer_key(
+        self, name: str, node: NodeRecord
+    ) -> tuple[Hashable, list[str], tuple[tuple[str, str], ...]]:
+        """What `name`'s cached answer is keyed by (head/answers.py), its peers' names and
+        (name, agent URL) pairs. Safe without the control lock: peer lists are replaced,
+        never changed in place, and each value read is one the control thread stored."""
+        nodes = self.mirror.nodes
+        names = self.mirror.peer_lists.get(name, [])
+        peers = tuple((p, n.agent_url) for p in names if (n := nodes.get(p)) is not None)
+        return (node.version, self.mirror.answers.generation, peers), names, peers
+
+    def _cached_json(self, name: str, full_report: bool) -> bytes | None:
+        """`name`'s answer from the cache, without the control lock (None: build it).
+
+        A cache entry holds the body built, under the lock, for exactly the key read here
+        (the node's version first): the answer is what the head would have said at the
+        moment that version was current, as if this request had come a moment earlier —
+        the same as an answer delayed on the network. A node whose jobs moved has a new
+        version, so its old answer no longer matches."""
+        node = self.mirror.nodes.get(name)
+        if node is None:
+            return None
+        key, names, _ = self._answer_key(name, node)
+        body = self.mirror.answers.get(name, key)
+        if body is None:
+            return None
+        return self._complete(name, node, names, body, full_report)
+
+    def _complete(
+        self, name: str, node: NodeRecord, names: list[str], body: bytes, full_report: bool
+    ) -> bytes:
+        s = self.mirror.settings
+        self.mirror.peers_sent[name] = names  # what the head checks should it go silent
+        return answers.complete(
+            body,
+            heartbeat_s=intervals.heartbeat_s(s, len(self.mirror.nodes)),
+            lease_s=s.lease_s,
+            health_ack=node.health_seq,
+            report_ack=self.mirror.held.ack(name),
+            full_report=full_report,
+        )
 
     def _desired_body(self, name: str, version: int, peers: tuple[tuple[str, str], ...]) -> bytes:
         """`name`'s DesiredState JSON without the per-answer fields (under the lock)."""
