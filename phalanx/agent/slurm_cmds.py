@@ -123,6 +123,11 @@ def _requeue_self(env: Mapping[str, str]) -> int:
     token, heads = env.get("PHALANX_STEP_TOKEN"), env.get("PHALANX_HEAD")
     if not token or not heads:
         raise CommandError("PHALANX_STEP_TOKEN or PHALANX_HEAD is not set: not inside a job")
+    # The requeue stops this very job: its SIGTERM can reach this process before the head's
+    # answer does, and the caller (submitit) would read "died with SIGTERM" as a failed
+    # requeue. Slurm's scontrol answers before slurmd signals the job; so does this one
+    # (the job's kill after its grace is SIGKILL, which still ends it).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     client = Http(token, env.get(CA_PEM_ENV))
     failure = "no head answered"
     try:

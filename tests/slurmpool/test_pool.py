@@ -205,9 +205,10 @@ def _run_the_story(
     started = pool_jobs(slurm, "accept")
     assert started == {n.removeprefix("slurm-accept-"): "RUNNING" for n in nodes}
     wait_for(
-        "both ranks stepping",
+        "every rank stepping",  # 2 nodes x 2 GPUs: ranks 0-3, all stepping until `hold`
         lambda: (
-            {e["rank"] for e in ledger_steps(ledger, first.epoch) if e["event"] == "step"} == {0, 1}
+            {0, 1, 2, 3}
+            <= {e["rank"] for e in ledger_steps(ledger, first.epoch) if e["event"] == "step"}
             or None
         ),
     )
