@@ -9,18 +9,10 @@ bypassed.
 
 from __future__ import annotations
 
-from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope
 
 from phalanx.api import models as m
-from phalanx.api.asgi import (
-    MAX_BODY_BYTES,
-    bearer_token,
-    declared_too_large,
-    too_large_detail,
-)
-from phalanx.head.control import HeadError
-from phalanx.head.plainasgi import PlainPost, read_body
+from phalanx.head.plainasgi import PlainPost, credentials, read_model
 from phalanx.head.service import Head
 
 PATH = "/v1/agent/heartbeat"
@@ -35,18 +27,7 @@ class FastHeartbeat(PlainPost):
 
 
 async def _answer(head: Head, scope: Scope, receive: Receive) -> bytes:
-    token = length = None
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            token = bearer_token(value.decode("latin-1"))
-        elif name == b"content-length":
-            length = value
+    token, length = credentials(scope)
     who = head.authenticate(token)
-    if declared_too_large(length, MAX_BODY_BYTES):
-        raise HeadError(413, too_large_detail(MAX_BODY_BYTES))
-    raw = await read_body(receive)
-    try:
-        hb = m.Heartbeat.model_validate_json(raw)
-    except ValidationError as e:
-        raise HeadError(422, m.validation_detail(e.errors())) from None
+    hb = await read_model(receive, length, m.Heartbeat)
     return await head.heartbeat(who, hb)

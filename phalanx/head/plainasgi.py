@@ -7,16 +7,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from phalanx.api import models as m
-from phalanx.api.asgi import MAX_BODY_BYTES, json_error, too_large_detail
+from phalanx.api.asgi import (
+    MAX_BODY_BYTES,
+    bearer_token,
+    declared_too_large,
+    json_error,
+    too_large_detail,
+)
 from phalanx.head.auth import AuthError, Forbidden
 from phalanx.head.control import HeadError
 
 log = logging.getLogger("phalanx.head")
+
+M = TypeVar("M", bound=BaseModel)
 
 # A fast path's answer to one request: its status and JSON body.
 Answer = Callable[[Scope, Receive], Awaitable[tuple[int, bytes]]]
@@ -87,3 +97,27 @@ async def read_body(receive: Receive) -> bytes:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+def credentials(scope: Scope) -> tuple[str | None, bytes | None]:
+    """A request's bearer token and declared Content-Length (raw), as the fast paths read
+    them."""
+    token = length = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            token = bearer_token(value.decode("latin-1"))
+        elif name == b"content-length":
+            length = value
+    return token, length
+
+
+async def read_model(receive: Receive, length: bytes | None, model: type[M]) -> M:
+    """The request body as `model`: 413 past MAX_BODY_BYTES (declared or sent), 422 with the
+    API's detail when it does not validate."""
+    if declared_too_large(length, MAX_BODY_BYTES):
+        raise HeadError(413, TOO_LARGE)
+    raw = await read_body(receive)
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        raise HeadError(422, m.validation_detail(e.errors())) from None

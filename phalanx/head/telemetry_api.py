@@ -12,21 +12,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope
 
 from phalanx.api import models as m
 from phalanx.api import telemetry as t
-from phalanx.api.asgi import (
-    MAX_BODY_BYTES,
-    bearer_token,
-    declared_too_large,
-    too_large_detail,
-)
 from phalanx.head.auth import AuthError, Forbidden, Principal
 from phalanx.head.control import HeadError
 from phalanx.head.jobstats import progress_series
-from phalanx.head.plainasgi import PlainPost, read_body
+from phalanx.head.plainasgi import PlainPost, credentials, read_model
 from phalanx.head.service import Head
 from phalanx.head.tsdb import Overloaded
 
@@ -67,22 +60,11 @@ class FastTelemetry(PlainPost):
 
 
 async def _answer(head: Head, scope: Scope, receive: Receive) -> bytes:
-    token = length = None
-    for name, value in scope["headers"]:
-        if name == b"authorization":
-            token = bearer_token(value.decode("latin-1"))
-        elif name == b"content-length":
-            length = value
+    token, length = credentials(scope)
     who = head.authenticate(token)
     if who.kind != "node":
         raise Forbidden("telemetry needs a node credential")
-    if declared_too_large(length, MAX_BODY_BYTES):
-        raise HeadError(413, too_large_detail(MAX_BODY_BYTES))
-    raw = await read_body(receive)
-    try:
-        batch = t.TelemetryBatch.model_validate_json(raw)
-    except ValidationError as e:
-        raise HeadError(422, m.validation_detail(e.errors())) from None
+    batch = await read_model(receive, length, t.TelemetryBatch)
     return _accept(head, who, batch).model_dump_json().encode()
 
 
