@@ -4,6 +4,7 @@ Slurm's way of failing (`TOOL: error: MESSAGE` on stderr, exit 1)."""
 
 from __future__ import annotations
 
+import getopt
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -47,3 +48,15 @@ def run(tool: str, body: Callable[[list[str]], int], argv: list[str]) -> int:
         return exc.code
     except KeyboardInterrupt:
         return 130
+
+
+def options(tool: str, argv: list[str], short: str, long: list[str]) -> list[tuple[str, str]]:
+    """The options of a tool that takes no arguments (squeue, sacct, sinfo), read by GNU
+    getopt as Slurm's tools read them; a bad option or a stray argument is Slurm's error."""
+    try:
+        opts, rest = getopt.gnu_getopt(argv, short, long)
+    except getopt.GetoptError as exc:
+        die(f'{exc.msg}\nTry "{tool} --help" for more information')
+    if rest:
+        die(f"Unknown arguments: {' '.join(rest)[:200]}")
+    return opts

@@ -4,7 +4,6 @@ alike, one row per job allocation (Phalanx keeps no per-step accounting: no `N.b
 
 from __future__ import annotations
 
-import getopt
 import grp
 import json
 import os
@@ -17,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from phalanx.slurmcli import slurmjson
-from phalanx.slurmcli.common import connect, die, run
+from phalanx.slurmcli.common import connect, die, options, run
 from phalanx.slurmcli.fields import (
     FormatError,
     Job,
@@ -62,12 +61,7 @@ def main(argv: list[str]) -> int:
 
 
 def _sacct(argv: list[str]) -> int:
-    try:
-        opts, rest = getopt.gnu_getopt(argv, SHORT, LONG)
-    except getopt.GetoptError as exc:
-        die(f'{exc.msg}\nTry "sacct --help" for more information')
-    if rest:
-        die(f"Unknown arguments: {' '.join(rest)[:200]}")
+    opts = options("sacct", argv, SHORT, LONG)
     o = _Options()
     now = time.time()
     try:

@@ -4,7 +4,6 @@ nodes, one line per node state (or per node with `-N`). `*` marks your default t
 
 from __future__ import annotations
 
-import getopt
 import json
 import re
 import sys
@@ -17,7 +16,7 @@ from phalanx.api.models import NodeInfo
 from phalanx.jobspec.errors import JobSpecError
 from phalanx.jobspec.hostlist import expand
 from phalanx.slurmcli import slurmjson
-from phalanx.slurmcli.common import connect, die, run
+from phalanx.slurmcli.common import connect, die, options, run
 from phalanx.slurmcli.fields import (
     FormatError,
     check_name,
@@ -115,12 +114,7 @@ def main(argv: list[str]) -> int:
 
 
 def _sinfo(argv: list[str]) -> int:
-    try:
-        opts, rest = getopt.gnu_getopt(argv, SHORT, LONG)
-    except getopt.GetoptError as exc:
-        die(f'{exc.msg}\nTry "sinfo --help" for more information')
-    if rest:
-        die(f"Unknown arguments: {' '.join(rest)[:200]}")
+    opts = options("sinfo", argv, SHORT, LONG)
     fmt: str | None = None
     by_node = long = noheader = summarize = as_json = False
     partitions: set[str] = set()

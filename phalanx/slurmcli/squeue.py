@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import getopt
 import json
 import os
 import pwd
@@ -12,7 +11,7 @@ import time
 from typing import Any
 
 from phalanx.slurmcli import slurmjson
-from phalanx.slurmcli.common import connect, die, run
+from phalanx.slurmcli.common import connect, die, options, run
 from phalanx.slurmcli.fields import (
     LIVE_CODES,
     FormatError,
@@ -66,12 +65,7 @@ def main(argv: list[str]) -> int:
 
 
 def _squeue(argv: list[str]) -> int:
-    try:
-        opts, rest = getopt.gnu_getopt(argv, SHORT, LONG)
-    except getopt.GetoptError as exc:
-        die(f'{exc.msg}\nTry "squeue --help" for more information')
-    if rest:
-        die(f"Unknown arguments: {' '.join(rest)[:200]}")
+    opts = options("squeue", argv, SHORT, LONG)
     o = _Options()
     try:
         for flag, value in opts:
