@@ -57,8 +57,10 @@ def _master_ports(mirror: Mirror, tx: Tx, node: NodeRecord, hb: Heartbeat) -> No
         ):
             rec.master_port = port
             tx.update_job(rec)
-            for other, _ in rec.placement[1:]:
-                mirror.bump(tx, other)
+            # Every node's assignment names the port, the reporter's too: its cached
+            # answer (head/answers.py) is keyed by its version and must move with it.
+            for each, _ in rec.placement:
+                mirror.bump(tx, each)
 
 
 def _evaluate(mirror: Mirror, tx: Tx, rec: JobRecord, reporter: str, now: float) -> None:

@@ -171,6 +171,10 @@ def test_bad_heartbeat_is_refused_at_the_edge_and_the_head_keeps_running(
         assert time.monotonic() < deadline, "the job was never placed on the node"
         assert node.post("/v1/agent/heartbeat", json=beat).status_code == 200
         time.sleep(0.1)
+    # One answer naming the job (no port yet), which the head caches: the port taken below
+    # must still reach this node's next answer (a slow CI once answered the stale one).
+    (waiting,) = node.post("/v1/agent/heartbeat", json=beat).json()["jobs"]
+    assert (waiting["job_id"], waiting["master_port"]) == (job_id, None)
     bad = {str(job_id) if k == "JOB" else k: v for k, v in ports.items()}
     r = node.post("/v1/agent/heartbeat", json={**beat, "master_ports": bad})
     assert r.status_code == 422, (what, r.status_code, r.text)
