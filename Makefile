@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 PIP    := COLUMNS=200 $(BIN)/pip --disable-pip-version-check --no-input
 INSTALL := $(PIP) install --progress-bar off
 
-.PHONY: venv test lint typecheck unit demo sim-demo bench clean
+.PHONY: venv engines test lint typecheck unit demo sim-demo bench clean
 
 $(VENV)/bin/python:
 	@echo "creating $(VENV) …"
@@ -38,7 +38,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+# Real inference engines for the serving tests: llama.cpp's llama-server built from PyPI's
+# llama-cpp-python sdist and SmolLM2-135M (GGUF), once, into ~/.cache/phalanx/engines
+# (about 4 minutes on 2 cores the first time; instant afterwards).
+engines: $(STAMP)
+	$(BIN)/python -m phalanx.testing.engines build
+
+unit: $(STAMP) engines
 	$(BIN)/pytest -n 2 --dist loadscope -q
 
 test: lint typecheck unit

@@ -1,0 +1,189 @@
+"""Wire models of serving deployments (`/v1/serve/...`, `phalanx serve`, the router).
+
+A deployment runs a real inference engine (llama.cpp's llama-server, vLLM, or any command
+speaking the OpenAI API) as replica pools — one `aggregated` pool, or a `prefill` and a
+`decode` pool — each replica a job to the core scheduler. The router (its own process)
+reads the ready replicas from `GET /v1/serve/deployments/{name}/endpoints` and spreads
+OpenAI requests over them (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints, model_validator
+
+from phalanx.api.models import (
+    Arg,
+    Count,
+    JobId,
+    Label,
+    Lenient,
+    Name,
+    NoNul,
+    PathText,
+    Token,
+    UnixTime,
+    Url,
+    Wire,
+)
+from phalanx.api.states import JobStateCode
+
+Engine = Literal["llama.cpp", "vllm", "custom"]
+PoolRole = Literal["aggregated", "prefill", "decode"]
+Policy = Literal["round-robin", "least-load", "power-of-two", "kv-aware"]
+
+MAX_REPLICAS = 1024
+MAX_ENGINE_ARGS = 256
+MAX_SLOTS = 1024
+# A deployment's name is part of URLs and job names: a DNS label.
+DeploymentName = Annotated[
+    str, StringConstraints(min_length=1, max_length=63, pattern=r"^[a-z]([a-z0-9-]*[a-z0-9])?$")
+]
+ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256), NoNul]
+Millis = Annotated[float, Field(gt=0, le=3_600_000, allow_inf_nan=False)]
+
+
+class SLO(Wire):
+    """Latency targets a pool is scaled to hold (as `vllm bench serve` measures them):
+    time to first token, and time per output token after the first."""
+
+    ttft_ms: Millis | None = None
+    tpot_ms: Millis | None = None
+    # The share of requests that must meet both targets (goodput's attainment).
+    attainment: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.9
+
+
+class PoolSpec(Wire):
+    """One pool of identical replicas."""
+
+    role: PoolRole = "aggregated"
+    replicas: Annotated[int, Field(ge=0, le=MAX_REPLICAS)] = 1
+    # The autoscaler's bounds (None: the pool is not autoscaled, `replicas` holds).
+    min_replicas: Annotated[int, Field(ge=0, le=MAX_REPLICAS)] | None = None
+    max_replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] | None = None
+    gpus_per_replica: Annotated[int, Field(ge=0, le=64)] = 1  # tensor-parallel size
+    cpus_per_replica: Annotated[int, Field(ge=1, le=4096)] = 1
+    mem_mb: Annotated[int, Field(ge=1, le=16 * 1024 * 1024)] | None = None
+    # Concurrent sequences per replica (llama-server `-np`, vLLM `--max-num-seqs`).
+    slots: Annotated[int, Field(ge=1, le=MAX_SLOTS)] = 4
+    args: list[Arg] = Field(default_factory=list, max_length=MAX_ENGINE_ARGS)  # engine flags
+    slo: SLO | None = None
+
+    @model_validator(mode="after")
+    def _bounds(self) -> PoolSpec:
+        lo, hi = self.min_replicas, self.max_replicas
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"min_replicas {lo} is above max_replicas {hi}")
+        return self
+
+
+class RouterSpec(Wire):
+    policy: Policy = "kv-aware"
+    # The prefix index hashes the prompt in blocks of this many characters (the router
+    # sees text, not the engine's tokens; ~4 characters make a token).
+    block_chars: Annotated[int, Field(ge=16, le=65536)] = 256
+
+
+class DeploymentSpec(Wire):
+    """What `phalanx serve apply deploy.yaml` sends (YAML keys = these fields)."""
+
+    name: DeploymentName
+    engine: Engine
+    # The model as the engine loads it: a GGUF file (llama.cpp), a folder or name (vLLM).
+    model: PathText
+    # What clients put in the OpenAI `model` field (default: the deployment's name).
+    served_model_name: ModelName | None = None
+    # The engine's program: llama.cpp → the llama-server binary; vLLM → the `python` of the
+    # environment vLLM is installed in (never imported into Phalanx); custom → argv[0].
+    engine_path: PathText
+    # custom only: the rest of the command; `{port}`, `{host}`, `{model}` are filled in.
+    command: list[Arg] = Field(default_factory=list, max_length=MAX_ENGINE_ARGS)
+    # The `python` that runs the replica wrapper (`-m phalanx.serve.replica`) on the nodes
+    # (default: the head's own interpreter, as on a cluster installed in one shared venv).
+    runtime_python: PathText | None = None
+    team: Name | None = None
+    qos: Label | None = None
+    pools: list[PoolSpec] = Field(min_length=1, max_length=2)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    # Shared storage for the prefill → decode hand-off of llama.cpp slots.
+    handoff_dir: PathText | None = None
+
+    @model_validator(mode="after")
+    def _pools(self) -> DeploymentSpec:
+        roles = sorted(p.role for p in self.pools)
+        if roles not in (["aggregated"], ["decode", "prefill"]):
+            raise ValueError(
+                "pools must be one `aggregated` pool, or one `prefill` and one `decode` pool"
+            )
+        if self.engine == "custom" and roles != ["aggregated"]:
+            raise ValueError("a custom engine serves one aggregated pool (no KV hand-off)")
+        if roles == ["decode", "prefill"] and self.engine == "llama.cpp" and not self.handoff_dir:
+            raise ValueError("a disaggregated llama.cpp deployment needs handoff_dir")
+        return self
+
+
+class ReplicaInfo(Lenient):
+    job_id: JobId
+    pool: PoolRole
+    generation: Count  # the deployment's spec generation the replica runs
+    state: JobStateCode
+    url: Url | None = None  # http://address:port once the engine listens
+    ready: bool = False
+
+
+class PoolStatus(Lenient):
+    role: PoolRole
+    desired: Count
+    ready: Count
+
+
+class DeploymentInfo(Lenient):
+    spec: DeploymentSpec
+    owner: Name
+    generation: Count  # moves on every `apply` that changes the spec
+    created_at: UnixTime
+    pools: list[PoolStatus] = Field(max_length=2)
+    replicas: list[ReplicaInfo] = Field(max_length=2 * MAX_REPLICAS * 2)
+
+
+class DeploymentList(Lenient):
+    deployments: list[DeploymentInfo] = Field(max_length=10_000)
+
+
+class ScaleRequest(Wire):
+    pool: PoolRole = "aggregated"
+    replicas: Annotated[int, Field(ge=0, le=MAX_REPLICAS)]
+
+
+class Endpoint(Lenient):
+    """A ready replica, as the router sees it."""
+
+    job_id: JobId
+    pool: PoolRole
+    url: Url
+    slots: Annotated[int, Field(ge=1, le=MAX_SLOTS)]
+    generation: Count
+
+
+class Endpoints(Lenient):
+    """`GET /v1/serve/deployments/{name}/endpoints`: what the router routes to."""
+
+    name: DeploymentName
+    served_model_name: ModelName
+    engine: Engine
+    policy: Policy
+    block_chars: Annotated[int, Field(ge=16, le=65536)]
+    generation: Count
+    # The engine's API key (every replica of the deployment starts with it): the engines
+    # listen on the nodes' network, and only the router may call them.
+    engine_key: Token
+    endpoints: list[Endpoint] = Field(max_length=2 * MAX_REPLICAS * 2)
+
+
+class ReplicaReport(Wire):
+    """What a replica's wrapper tells the head (with its job's step token): the engine
+    listens at `url`, and is ready (its health endpoint answers) or not."""
+
+    url: Url
+    ready: bool
