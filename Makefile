@@ -45,7 +45,7 @@ engines: $(STAMP)
 	$(BIN)/python -m phalanx.testing.engines build
 
 unit: $(STAMP) engines
-	$(BIN)/pytest -n 2 --dist loadscope -q
+	$(BIN)/pytest -n 2 --dist loadscope -q --durations=30
 
 test: lint typecheck unit
 
