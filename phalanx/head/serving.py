@@ -218,9 +218,15 @@ class Serving:
         """A replica's wrapper says where its engine listens and whether it is ready
         (authenticated by its job's step token: it reports for itself only)."""
 
+        with self.control.lock:
+            self._replica_of(token, report.job_id)  # 401 before queueing anything
+
         def op(tx: Tx) -> ReplicaInfo:
             self._fresh(tx)
-            dep, r, rec = self._replica_of(token, report.job_id)
+            try:
+                dep, r, rec = self._replica_of(token, report.job_id)
+            except AuthError as e:  # it stopped meanwhile (an op may raise HeadError only)
+                raise HeadError(401, str(e)) from None
             _check_url(self.mirror, rec, report.url)
             ready = report.ready and not r.retiring and rec.state.running
             if (r.url, r.ready) != (report.url, ready):
