@@ -123,6 +123,14 @@ def job_state(api: PhalanxClient, job_id: int) -> str:
     return api.job(job_id).job.state
 
 
+def cancelled(api: PhalanxClient, job_id: int) -> Callable[[], bool]:
+    return lambda: job_state(api, job_id) == "CA"
+
+
+def exited(url: str) -> Callable[[], bool]:
+    return lambda: engine_pid(url) is None
+
+
 def live_replica_jobs(api: PhalanxClient) -> set[int]:
     return {j.id for j in api.jobs(active=True).jobs if j.name.startswith(f"serve:{NAME}:")}
 
@@ -169,10 +177,12 @@ def test_a_killed_engine_is_replaced_and_the_deployment_is_ready_again(
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     wait_for("the replica's job to fail", lambda: job_state(api, victim.job_id) == "F")
-    again = wait_for(
-        "2 ready replicas again",
-        lambda: (e := ready(serve)) and victim.job_id not in {x.job_id for x in e.endpoints} and e,
-    )
+
+    def replaced() -> Endpoints | None:
+        ep = ready(serve)
+        return ep if ep and victim.job_id not in {x.job_id for x in ep.endpoints} else None
+
+    again = wait_for("2 ready replicas again", replaced)
     assert len({e.job_id for e in again.endpoints}) == 2
     pool = serve.get(NAME).pools[0]
     assert pool.last_failure is not None and f"replica job {victim.job_id} ended F" in (
@@ -220,7 +230,7 @@ def test_apply_with_a_changed_arg_rolls_out_without_a_gap(
         time.sleep(0.05)
     assert fewest >= 1
     for e in old.endpoints:
-        wait_for(f"old replica {e.job_id} cancelled", lambda e=e: job_state(api, e.job_id) == "CA")
+        wait_for(f"old replica {e.job_id} cancelled", cancelled(api, e.job_id))
     assert len(live_replica_jobs(api)) == 2
 
 
@@ -307,6 +317,36 @@ def test_the_cli_applies_lists_and_shows(cluster: LocalCluster, tmp_path: Path) 
     assert out.exit_code == 2 and out.output.startswith("error: ") and "Traceback" not in out.output
 
 
+def test_a_crashing_engine_is_replaced_with_backoff_and_the_reason_shown(
+    cluster: LocalCluster, api: PhalanxClient, serve: ServeClient
+) -> None:
+    crash = DeploymentSpec(
+        name="crash",
+        engine="custom",
+        model="none",
+        engine_path="/bin/false",  # exits 1 at once: the wrapper fails, the job ends F
+        pools=[PoolSpec(replicas=1)],
+    )
+    serve.apply(crash)
+
+    def backing_off() -> DeploymentInfo | None:
+        info = serve.get("crash")
+        pool = info.pools[0]
+        return info if pool.failures >= 2 and pool.backoff_until is not None else None
+
+    info = wait_for("two failures and a backoff", backing_off)
+    pool = info.pools[0]
+    assert pool.last_failure is not None and "ended F (exit 1:0)" in pool.last_failure
+    assert pool.ready == 0
+    if time.time() < (pool.backoff_until or 0) - 0.5:
+        live = {j.id for j in api.jobs(active=True).jobs if j.name.startswith("serve:crash:")}
+        assert live == set()  # no replica is submitted while the pool backs off
+    out = CliRunner().invoke(app, ["serve", "show", "crash"], env=cluster.client_env())
+    assert "failure(s) in a row" in out.output and "last failure: replica job" in out.output
+    serve.delete("crash")
+    assert ready(serve) is not None  # the other deployment never noticed
+
+
 def test_a_head_restart_keeps_the_replicas_without_duplicates(
     cluster: LocalCluster, api: PhalanxClient, serve: ServeClient
 ) -> None:
@@ -327,8 +367,8 @@ def test_delete_cancels_every_replica(api: PhalanxClient, serve: ServeClient) ->
     ep = wait_for("2 ready replicas", lambda: ready(serve))
     serve.delete(NAME)
     for e in ep.endpoints:
-        wait_for(f"replica {e.job_id} cancelled", lambda e=e: job_state(api, e.job_id) == "CA")
-        wait_for("its engine to exit", lambda e=e: engine_pid(e.url) is None)
+        wait_for(f"replica {e.job_id} cancelled", cancelled(api, e.job_id))
+        wait_for("its engine to exit", exited(e.url))
     with pytest.raises(ApiError) as err:
         serve.get(NAME)
     assert err.value.status == 404
