@@ -35,6 +35,7 @@ from phalanx.api.serving import (
     ReplicaReport,
     ScaleRequest,
 )
+from phalanx.core import JobState
 from phalanx.head import auth, jobs, lifecycle, store
 from phalanx.head import serving_store as ss
 from phalanx.head.auth import AuthError, Principal
@@ -47,6 +48,8 @@ log = logging.getLogger("phalanx.head")
 
 TICK_S = 1.0  # the controller looks at every deployment this often (and at once on news)
 MAX_BACKOFF_S = 300.0
+# A preempted replica's notice → kill: its wrapper drains (≤ 3.5 s) and stops its engine.
+PREEMPT_GRACE_S = 15
 MAX_DEPLOYMENTS_PER_USER = 100
 MAX_DEPLOYMENTS = 10_000
 REPLICA_WORKDIR = "/tmp"  # the wrapper's cwd; its files go in a private dir
@@ -228,7 +231,7 @@ class Serving:
             except AuthError as e:  # it stopped meanwhile (an op may raise HeadError only)
                 raise HeadError(401, str(e)) from None
             _check_url(self.mirror, rec, report.url)
-            ready = report.ready and not r.retiring and rec.state.running
+            ready = report.ready and not r.retiring and _serving(rec)
             if (r.url, r.ready) != (report.url, ready):
                 r.url, r.ready = report.url, ready
                 ss.put_replica(tx.conn, r)
@@ -327,7 +330,7 @@ class Serving:
                 if not r.retiring:
                     self._failed(tx, dep, r)
                 continue
-            if (r.ready or r.url) and (not rec.state.running or rec.stopping is not None):
+            if (r.ready or r.url) and not _serving(rec):
                 r.ready, r.url = False, None
                 ss.put_replica(tx.conn, r)
 
@@ -411,6 +414,7 @@ class Serving:
             requeue=True,  # preempted or its node lost: queued again, same replica
             restart_on_failure=False,  # its engine died: the controller replaces it
             preempt_signal="SIGTERM",  # the wrapper reports not-ready and stops the engine
+            preempt_grace_s=PREEMPT_GRACE_S,
         )
         try:
             who = self._owner(tx, dep)
@@ -530,6 +534,12 @@ class Serving:
             pools=pools,
             replicas=infos,
         )
+
+
+def _serving(rec: JobRecord) -> bool:
+    """Whether a replica's job may serve: running, not stopping, not noticed (a preempted
+    replica is not ready from its notice on)."""
+    return rec.state is JobState.RUNNING and rec.stopping is None
 
 
 def _replica_info(r: Replica, rec: JobRecord) -> ReplicaInfo:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from phalanx.api.models import UserCreate
+from phalanx.api.models import JobSpec, UserCreate
 from phalanx.api.serving import DeploymentInfo, DeploymentSpec, Endpoints, PoolSpec
 from phalanx.cli.main import app
 from phalanx.client.api import ApiError, PhalanxClient
@@ -347,6 +347,31 @@ def test_a_crashing_engine_is_replaced_with_backoff_and_the_reason_shown(
     assert ready(serve) is not None  # the other deployment never noticed
 
 
+def test_preempted_replicas_come_back_when_capacity_returns(
+    api: PhalanxClient, serve: ServeClient
+) -> None:
+    before = wait_for("2 ready replicas", lambda: ready(serve))
+    ids = {e.job_id for e in before.endpoints}
+    big = JobSpec(
+        name="big",
+        command=["sleep", "300"],
+        launcher="node",
+        nodes=2,
+        gpus_per_node=2,  # every GPU of the cluster: both replicas must go
+        qos="high",
+        workdir="/tmp",
+    )
+    (big_id,) = api.submit(big).job_ids
+    wait_for("no ready replica", lambda: not serve.endpoints(NAME).endpoints)
+    wait_for("the high-QOS job to run", lambda: job_state(api, big_id) == "R")
+    assert {r.job_id: r.state for r in serve.get(NAME).replicas} == dict.fromkeys(ids, "PD")
+    assert live_replica_jobs(api) == ids  # requeued, not replaced by new jobs
+    api.cancel(big_id)
+    after = wait_for("2 ready replicas again", lambda: ready(serve), timeout=60)
+    assert {e.job_id for e in after.endpoints} == ids
+    assert serve.get(NAME).pools[0].failures == 0  # a preemption is not a failure
+
+
 def test_a_head_restart_keeps_the_replicas_without_duplicates(
     cluster: LocalCluster, api: PhalanxClient, serve: ServeClient
 ) -> None:
@@ -354,7 +379,7 @@ def test_a_head_restart_keeps_the_replicas_without_duplicates(
     jobs = live_replica_jobs(api)
     cluster.kill_head(signal.SIGKILL)
     cluster.restart_head()
-    time.sleep(2.5)  # the controller's passes (every second) have looked at it
+    time.sleep(1.5)  # the controller's passes (every second) have looked at it
     after = wait_for("2 ready replicas", lambda: ready(serve, generation=2))
     assert {e.job_id for e in after.endpoints} == {e.job_id for e in before.endpoints}
     assert after.engine_key == before.engine_key
