@@ -21,6 +21,8 @@ from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
+from pydantic import ValidationError
+
 from phalanx.api import models as m
 from phalanx.api.serving import (
     DeploymentInfo,
@@ -41,7 +43,7 @@ from phalanx.head import serving_store as ss
 from phalanx.head.auth import AuthError, Principal
 from phalanx.head.control import ControlThread, HeadError
 from phalanx.head.mirror import Tx
-from phalanx.head.records import JobRecord
+from phalanx.head.records import QOS_PRIORITY, JobRecord
 from phalanx.head.serving_store import Deployment, Replica
 
 log = logging.getLogger("phalanx.head")
@@ -245,6 +247,11 @@ class Serving:
 
         return self.control.call(op)
 
+    def check_replica_token(self, token: str | None) -> None:
+        """401 unless `token` is the step token of a running replica job."""
+        with self.control.lock:
+            self._replica_of(token, None)
+
     def replica_config(self, token: str | None, job_id: int | None) -> ReplicaConfig:
         """What a replica's wrapper starts (its step token names it)."""
         with self.control.lock:
@@ -260,7 +267,7 @@ class Serving:
             )
 
     # ------------------------------------------------------------------ reads
-    def list(self, who: Principal) -> DeploymentList:
+    def visible(self, who: Principal) -> DeploymentList:
         with self.control.lock:
             deps = sorted(self.deployments.values(), key=lambda d: d.name)
             return DeploymentList(
@@ -400,7 +407,29 @@ class Serving:
         command = [python, "-m", "phalanx.serve.replica"]
         command += ["--deployment", dep.name, "--pool", pool.role]
         command += ["--generation", str(dep.generation)]
-        job = m.JobSpec(
+        try:
+            job = self._job_spec(dep, pool, command)
+        except ValidationError as e:  # apply checked what it could: note it, do not crash
+            problem = m.validation_detail(e.errors(), limit=3)
+            self._note_failure(tx, dep, pool.role, f"cannot submit a replica: {problem}")
+            return False
+        try:
+            who = self._owner(tx, dep)
+            answer = jobs.submit(self.mirror, tx, who, job)
+        except HeadError as e:
+            self._note_failure(tx, dep, pool.role, f"cannot submit a replica: {e.detail}")
+            return False
+        job_id = answer.job_ids[0]
+        r = Replica(job_id, dep.name, pool.role, dep.generation, pool.slots)
+        dep.replicas[job_id] = r
+        self._replica_jobs.add(job_id)
+        ss.add_replica(tx.conn, r)
+        return True
+
+    @staticmethod
+    def _job_spec(dep: Deployment, pool: PoolSpec, command: list[str]) -> m.JobSpec:
+        spec = dep.spec
+        return m.JobSpec(
             name=f"serve:{dep.name}:{pool.role}:{dep.generation}",
             command=command,
             launcher="node",
@@ -416,18 +445,6 @@ class Serving:
             preempt_signal="SIGTERM",  # the wrapper reports not-ready and stops the engine
             preempt_grace_s=PREEMPT_GRACE_S,
         )
-        try:
-            who = self._owner(tx, dep)
-            answer = jobs.submit(self.mirror, tx, who, job)
-        except HeadError as e:
-            self._note_failure(tx, dep, pool.role, f"cannot submit a replica: {e.detail}")
-            return False
-        job_id = answer.job_ids[0]
-        r = Replica(job_id, dep.name, pool.role, dep.generation, pool.slots)
-        dep.replicas[job_id] = r
-        self._replica_jobs.add(job_id)
-        ss.add_replica(tx.conn, r)
-        return True
 
     def _cancel(self, tx: Tx, dep: Deployment, r: Replica, why: str) -> None:
         r.retiring, r.ready = True, False
@@ -554,11 +571,20 @@ def _replica_info(r: Replica, rec: JobRecord) -> ReplicaInfo:
 
 
 def _check_spec(spec: DeploymentSpec) -> None:
+    """What the wire model allows but a replica job would not (422, nothing changed)."""
     for p in spec.pools:
         if p.gpus_per_replica < 1:
             raise HeadError(
                 422, f"pools[{p.role}].gpus_per_replica: replicas are GPU jobs; give at least 1"
             )
+        if p.gpus_per_replica > m.MAX_GPUS_PER_NODE:
+            raise HeadError(
+                422,
+                f"pools[{p.role}].gpus_per_replica: a replica is one node; at most "
+                f"{m.MAX_GPUS_PER_NODE} GPUs",
+            )
+    if spec.qos is not None and spec.qos not in QOS_PRIORITY:
+        raise HeadError(422, f"qos: unknown qos {spec.qos!r}; known: {', '.join(QOS_PRIORITY)}")
     for what, path in (("engine_path", spec.engine_path), ("runtime_python", spec.runtime_python)):
         if path is not None and not path.startswith("/"):
             raise HeadError(422, f"{what}: must be an absolute path, got {path!r}")
