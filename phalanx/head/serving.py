@@ -129,12 +129,38 @@ class Serving:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            if not self.deployments:
-                continue
+            with self.control.lock:
+                due = any(self._due(d) for d in self.deployments.values())
+            if not due:
+                continue  # nothing to do: no batch (most seconds, once pools are whole)
             try:
                 self.control.call(self.reconcile_all)
             except Exception:  # a refused or failed batch: the next tick tries again
                 log.exception("serving: the controller's pass failed; trying again")
+
+    def _due(self, dep: Deployment) -> bool:
+        """Whether a controller pass would change something of `dep` (under the lock)."""
+        now = self.control.clock.time()
+        roles = {p.role for p in dep.spec.pools}
+        for r in dep.replicas.values():
+            rec = self.mirror.jobs.get(r.job_id)
+            if rec is None or ((r.ready or r.url) and not _serving(rec)):
+                return True
+            if not r.retiring and (r.generation != dep.generation or r.pool not in roles):
+                return True
+        for p in dep.spec.pools:
+            live = sum(
+                1
+                for r in dep.replicas.values()
+                if r.pool == p.role and r.generation == dep.generation and not r.retiring
+            )
+            if live > p.replicas:
+                return True
+            if live < p.replicas:
+                until = dep.pool_health(p.role).backoff_until
+                if until is None or now >= until:
+                    return True
+        return False
 
     def _on_moves(self, tx: Tx) -> None:
         """After a commit that moved jobs: look again at once if a replica moved."""
@@ -215,6 +241,7 @@ class Serving:
                 self._cancel(tx, dep, r, f"deployment {name} deleted")
             ss.delete_deployment(tx.conn, name)
             del self.deployments[name]
+            self._replica_jobs.difference_update(dep.replicas)
             tx.event(tx.now, "serve", f"deployment {name} deleted by {who.user}")
 
         self.control.call(op)
@@ -283,8 +310,17 @@ class Serving:
         with self.control.lock:
             dep = self._visible(who, name)
             spec = dep.spec
+            jobs = self.mirror.jobs
             ready = sorted(
-                (r for r in dep.replicas.values() if r.ready and not r.retiring and r.url),
+                (
+                    r
+                    for r in dep.replicas.values()
+                    if r.ready
+                    and not r.retiring
+                    and r.url
+                    and (rec := jobs.get(r.job_id)) is not None
+                    and _serving(rec)
+                ),
                 key=lambda r: (r.pool, r.job_id),
             )
             return Endpoints(
