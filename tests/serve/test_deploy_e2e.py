@@ -315,6 +315,12 @@ def test_the_cli_applies_lists_and_shows(cluster: LocalCluster, tmp_path: Path) 
     assert info.generation == 2 and len(info.replicas) == 2
     out = runner.invoke(app, ["serve", "show", "nope"], env=env)
     assert out.exit_code == 2 and out.output.startswith("error: ") and "Traceback" not in out.output
+    out = runner.invoke(app, ["serve", "scale", NAME, "--replicas", "2"], env=env)
+    assert out.exit_code == 0 and "2 wanted" in out.output
+    args = ["serve", "scale", NAME, "--pool", "decode", "--replicas", "1"]
+    out = runner.invoke(app, args, env=env)
+    assert out.exit_code == 2
+    assert out.output == f"error: deployment {NAME} has no decode pool (it has aggregated)\n"
 
 
 def test_a_crashing_engine_is_replaced_with_backoff_and_the_reason_shown(
