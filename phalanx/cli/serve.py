@@ -152,7 +152,14 @@ def _print_info(info: DeploymentInfo) -> None:
         typer.echo("  no replicas")
         return
     rows = [
-        [str(r.job_id), r.pool, str(r.generation), r.state, "yes" if r.ready else "no", r.url or ""]
+        [
+            str(r.job_id),
+            r.pool,
+            str(r.generation),
+            r.state,
+            "retiring" if r.retiring else "yes" if r.ready else "no",
+            r.url or "",
+        ]
         for r in info.replicas
     ]
     columns = [

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from phalanx.api import models as m
 from phalanx.api.serving import (
+    MAX_REPLICAS,
     DeploymentInfo,
     DeploymentList,
     DeploymentSpec,
@@ -560,7 +561,10 @@ class Serving:
         raise AuthError("not the step token of a running replica job")
 
     def _info(self, dep: Deployment) -> DeploymentInfo:
-        replicas = sorted(dep.replicas.values(), key=lambda r: r.job_id)
+        # Retiring ones last, and within the wire's bound (a big pool rolled twice quickly
+        # may briefly hold more jobs than it).
+        replicas = sorted(dep.replicas.values(), key=lambda r: (r.retiring, r.job_id))
+        replicas = replicas[: 2 * MAX_REPLICAS * 2]
         infos = []
         for r in replicas:
             rec = self.mirror.jobs.get(r.job_id)
@@ -603,6 +607,7 @@ def _replica_info(r: Replica, rec: JobRecord) -> ReplicaInfo:
         state=rec.state.value,
         url=r.url,
         ready=r.ready and not r.retiring,
+        retiring=r.retiring,
     )
 
 

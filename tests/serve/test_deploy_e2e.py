@@ -197,6 +197,7 @@ def test_scale_down_to_one_and_back_to_two(api: PhalanxClient, serve: ServeClien
     before = live_replica_jobs(api)
     info = serve.scale(NAME, "aggregated", 1)
     assert info.pools[0].desired == 1
+    assert [r.retiring for r in info.replicas] == [False, True]  # retiring ones listed last
     one = wait_for("1 ready replica", lambda: ready(serve, 1))
     (gone,) = before - {one.endpoints[0].job_id}
     wait_for("the extra replica cancelled", lambda: job_state(api, gone) == "CA")
