@@ -119,12 +119,19 @@ class Controller:
     def _failed(self, tx: Tx, dep: Deployment, r: Replica) -> None:
         tx.flush()
         ended = store.job(tx.conn, r.job_id)
-        how = "ended"
-        if ended is not None:
-            how = f"ended {ended.state.value} (exit {ended.exit_code or '?'})"
-            why = ended.reason_message or ended.reason
-            if why:
-                how += f": {why}"
+        if ended is None:
+            return  # its submit was rolled back: it never ran, nothing failed
+        how = f"ended {ended.state.value} (exit {ended.exit_code or '?'})"
+        # Why, in the words `phalanx show` uses: the move that stopped it ("rank 0 on n1
+        # exited with code 1", a node failure), else the reason it ended with.
+        stops = [
+            e.message
+            for e in store.job_events(tx.conn, r.job_id)
+            if e.to_state == "CG" or e.kind == "nodefail"
+        ]
+        why = stops[-1] if stops else ended.reason_message or ended.reason
+        if why:
+            how += f": {why}"
         self._note_failure(tx, dep, r.pool, f"replica job {r.job_id} {how}")
 
     def _note_failure(self, tx: Tx, dep: Deployment, role: str, what: str) -> None:

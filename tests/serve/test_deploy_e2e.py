@@ -185,9 +185,9 @@ def test_a_killed_engine_is_replaced_and_the_deployment_is_ready_again(
     again = wait_for("2 ready replicas again", replaced)
     assert len({e.job_id for e in again.endpoints}) == 2
     pool = serve.get(NAME).pools[0]
-    assert pool.last_failure is not None and f"replica job {victim.job_id} ended F" in (
-        pool.last_failure
-    )
+    assert pool.last_failure is not None
+    assert pool.last_failure.startswith(f"replica job {victim.job_id} ended F (exit 1:0): rank 0")
+    assert "exited with code 1" in pool.last_failure
     assert pool.failures == 0  # reset once a replacement was ready
     assert len(live_replica_jobs(api)) == 2
 
