@@ -354,6 +354,43 @@ def test_a_crashing_engine_is_replaced_with_backoff_and_the_reason_shown(
     assert ready(serve) is not None  # the other deployment never noticed
 
 
+def test_a_prefill_and_a_decode_pool_both_get_ready(
+    api: PhalanxClient, serve: ServeClient, tmp_path: Path
+) -> None:
+    handoff = tmp_path / "handoff"
+    handoff.mkdir()
+    disagg = spec(replicas=1).model_copy(
+        update={
+            "name": "split",
+            "handoff_dir": str(handoff),
+            "pools": [
+                PoolSpec(role="prefill", replicas=1, slots=2, args=ARGS),
+                PoolSpec(role="decode", replicas=1, slots=2, args=ARGS),
+            ],
+        }
+    )
+    serve.apply(disagg)
+
+    def both() -> Endpoints | None:
+        ep = serve.endpoints("split")
+        return ep if sorted(e.pool for e in ep.endpoints) == ["decode", "prefill"] else None
+
+    ep = wait_for("a ready prefill and decode replica", both)
+    for e in ep.endpoints:
+        pid = engine_pid(e.url)
+        assert pid is not None
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert argv[argv.index(b"--slot-save-path") + 1] == str(handoff).encode()
+    info = serve.get("split")
+    assert [(p.role, p.desired, p.ready) for p in info.pools] == [
+        ("prefill", 1, 1),
+        ("decode", 1, 1),
+    ]
+    serve.delete("split")
+    for e in ep.endpoints:
+        wait_for(f"replica {e.job_id} cancelled", cancelled(api, e.job_id))
+
+
 def test_preempted_replicas_come_back_when_capacity_returns(
     api: PhalanxClient, serve: ServeClient
 ) -> None:
