@@ -108,7 +108,8 @@ class Serving:
                 return
             with self.control.lock:
                 now = self.control.clock.time()
-                due = any(self.controller.due(d, now) for d in self.deployments.values())
+                due = self.control.loop_errors != self._seen_errors  # reload (_fresh)
+                due = due or any(self.controller.due(d, now) for d in self.deployments.values())
             if not due:
                 continue  # nothing to do: no batch (most seconds, once pools are whole)
             try:
