@@ -164,7 +164,9 @@ class Plan:
 
 
 @dataclass(slots=True)
-class _Req:
+class SimRequest:
+    """One request in the simulation (seconds on the virtual clock)."""
+
     arrival: float
     inp: int
     out: int
@@ -175,13 +177,15 @@ class _Req:
 
 
 @dataclass(slots=True)
-class _Replica:
+class SimReplica:
+    """One engine: iteration-level batching, prefills first (llama.cpp, vLLM's default)."""
+
     role: Role
     profile: LatencyProfile
     now: float = 0.0
-    waiting: deque[_Req] = field(default_factory=deque)
-    running: list[_Req] = field(default_factory=list)
-    done: list[_Req] = field(default_factory=list)
+    waiting: deque[SimRequest] = field(default_factory=deque)
+    running: list[SimRequest] = field(default_factory=list)
+    done: list[SimRequest] = field(default_factory=list)
 
     @property
     def load(self) -> int:
@@ -277,18 +281,18 @@ def _arrival_times(workload: Workload, rate: float, count: int, seed: int) -> li
     return times
 
 
-def _requests(workload: Workload, rate: float, count: int, seed: int) -> list[_Req]:
+def _requests(workload: Workload, rate: float, count: int, seed: int) -> list[SimRequest]:
     times = _arrival_times(workload, rate, count, seed)
     n = len(workload.lengths)
     return [
-        _Req(arrival=t, inp=workload.lengths[i % n][0], out=workload.lengths[i % n][1])
+        SimRequest(arrival=t, inp=workload.lengths[i % n][0], out=workload.lengths[i % n][1])
         for i, t in enumerate(times)
     ]
 
 
-def _run_pool(role: Role, profile: LatencyProfile, replicas: int, reqs: list[_Req]) -> None:
+def _run_pool(role: Role, profile: LatencyProfile, replicas: int, reqs: list[SimRequest]) -> None:
     """Route `reqs` (by `ready` time) to the least-loaded of `replicas` and run them."""
-    pool = [_Replica(role, profile) for _ in range(replicas)]
+    pool = [SimReplica(role, profile) for _ in range(replicas)]
     for r in sorted(reqs, key=lambda r: r.ready):
         for rep in pool:
             rep.advance(r.ready)
@@ -326,10 +330,10 @@ def simulate(
         for r in todo:
             r.left = r.out - 1
         _run_pool("decode", profile, decode, todo)
-    return [_outcome(r) for r in reqs]
+    return [outcome_of(r) for r in reqs]
 
 
-def _outcome(r: _Req) -> Outcome:
+def outcome_of(r: SimRequest) -> Outcome:
     ttft = (r.first - r.arrival) * 1000.0
     tpot = (r.end - r.first) * 1000.0 / (r.out - 1) if r.out > 1 else 0.0
     return Outcome(ttft_ms=ttft, tpot_ms=tpot)
@@ -432,7 +436,7 @@ def _simulate_role(
                 r.end = r.first
     else:
         _run_pool(role, profile, n, reqs)
-    return [_outcome(r) for r in reqs]
+    return [outcome_of(r) for r in reqs]
 
 
 def replicas_for(curve: Sequence[tuple[int, float]], rate: float, limit: int) -> int | None:
@@ -488,3 +492,37 @@ def plan(
         gpus=gpus,
         capacity=curves,
     )
+
+
+# ----------------------------------------------------------------------- profiles as data
+
+_PROFILE_FIELDS = frozenset(LatencyProfile.__dataclass_fields__)
+
+
+def profile_from_dict(data: object) -> LatencyProfile:
+    """A profile from its JSON object (what `phalanx serve-calibrate --json` prints);
+    ValueError names an unknown or wrong field."""
+    if not isinstance(data, dict):
+        raise ValueError("a latency profile is a JSON object")
+    unknown = sorted(set(data) - _PROFILE_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown profile fields: {', '.join(map(str, unknown))}")
+    values: dict[str, object] = {}
+    for key, value in data.items():
+        if key == "name":
+            if not isinstance(value, str) or len(value) > 200:
+                raise ValueError("name must be a string of at most 200 characters")
+        elif key in ("slots", "max_batch_tokens", "gpus"):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 20:
+                raise ValueError(f"{key} must be an integer in [1, 1048576]")
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{key} must be a number")
+        values[key] = value
+    try:
+        return LatencyProfile(**values)  # type: ignore[arg-type]  # checked field by field above
+    except TypeError as exc:  # a required field is missing
+        raise ValueError(str(exc).replace("__init__() ", "")) from None
+
+
+def profile_to_dict(profile: LatencyProfile) -> dict[str, object]:
+    return {key: getattr(profile, key) for key in LatencyProfile.__dataclass_fields__}

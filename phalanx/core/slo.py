@@ -7,9 +7,12 @@ The rule, in order (docs/serving-slo.md):
 
 1. Outside [min, max] → the nearest bound, at once.
 2. Scale up fast when the pool misses its SLO (TTFT or TPOT attainment below target, over
-   at least `min_samples` requests) or requests queue beyond what the ready replicas hold:
-   to the replicas the demand needs at `target_utilisation`, at least one more, at most
-   `max_up_factor` times the current count. Not again while replicas of the last step are
+   at least `min_samples` requests, while the pool is not plainly over-provisioned — so
+   old misses in the window do not add replicas twice) or requests queue beyond what the
+   ready replicas hold:
+   to the replicas the demand needs at `target_utilisation` or the SLO shortfall asks
+   for (current × target / attainment), at least one more, at most `max_up_factor` times
+   the current count. Not again while replicas of the last step are
    still starting (they would be counted twice) or within `up_cooldown_s`.
 3. Scale down slowly, one replica at a time, only when the pool meets its SLO, nothing
    queues, and one replica fewer would still run below `down_utilisation` (a lower
@@ -120,7 +123,11 @@ def decide(
     slots = tuning.slots_per_replica
     demand = window.in_flight + window.queued
     needed = math.ceil(demand / (slots * tuning.target_utilisation)) if demand else 0
-    misses = _misses(window, target, tuning)
+    misses, worst = _misses(window, target, tuning)
+    # Misses in a window that ended on an over-provisioned pool (the replicas just added
+    # already drained the queue) ask for nothing: scaling on them again would overshoot.
+    if demand <= (current - 1) * slots * tuning.down_utilisation:
+        misses = ""
     queueing = window.queued > 0 and demand > window.replicas_ready * slots
 
     if misses or queueing or (current == 0 and demand > 0):
@@ -132,8 +139,11 @@ def decide(
             return ScaleDecision(current, HOLD, replace(state, low_since_s=None))
         if state.last_up_s is not None and now - state.last_up_s < tuning.up_cooldown_s:
             return ScaleDecision(current, HOLD, replace(state, low_since_s=None))
+        # Missing the SLO by a wide margin asks for more at once: attainment 45% against
+        # a 90% target doubles the pool (at most max_up_factor).
+        by_slo = math.ceil(current * target.attainment / max(worst, 0.01)) if misses else 0
         ceiling = max(current + 1, math.floor(current * tuning.max_up_factor))
-        replicas = min(max_replicas, max(current + 1, min(needed, ceiling)))
+        replicas = min(max_replicas, max(current + 1, min(max(needed, by_slo), ceiling)))
         return ScaleDecision(replicas, f"scale up: {why}", _up(state, now))
 
     fewer = current - 1
@@ -161,10 +171,12 @@ def decide(
     )
 
 
-def _misses(window: PoolWindow, target: Target, tuning: Tuning) -> str:
-    """Why the window misses the SLO ('' when it does not, or has too few samples)."""
+def _misses(window: PoolWindow, target: Target, tuning: Tuning) -> tuple[str, float]:
+    """Why the window misses the SLO ('' when it does not, or has too few samples), and
+    the worst attainment seen."""
+    worst = 1.0
     if window.requests < tuning.min_samples:
-        return ""
+        return "", worst
     problems = []
     for name, values, limit in (
         ("TTFT", window.ttft_ms, target.ttft_ms),
@@ -172,10 +184,11 @@ def _misses(window: PoolWindow, target: Target, tuning: Tuning) -> str:
     ):
         share = attainment(values, limit) if len(values) >= tuning.min_samples else None
         if share is not None and share < target.attainment:
+            worst = min(worst, share)
             problems.append(
                 f"{name} attainment {share:.0%} < {target.attainment:.0%} (<= {limit:g} ms)"
             )
-    return "; ".join(problems)
+    return "; ".join(problems), worst
 
 
 def _up(state: PolicyState, now: float) -> PolicyState:

@@ -96,7 +96,7 @@ async def run_async(config: BenchConfig, requests: list[BenchRequest] | None = N
             if delay > 0:
                 await asyncio.sleep(delay)
             async with gate:
-                return await _send(http, config, req)
+                return await send_one(http, config, req)
 
         records = await asyncio.gather(*(one(r) for r in reqs))
         duration = max(time.perf_counter() - t0, 1e-9)
@@ -129,7 +129,10 @@ def request_body(config: BenchConfig, req: BenchRequest) -> tuple[str, dict[str,
     return "/v1/completions", body
 
 
-async def _send(http: httpx.AsyncClient, config: BenchConfig, req: BenchRequest) -> RequestRecord:
+async def send_one(
+    http: httpx.AsyncClient, config: BenchConfig, req: BenchRequest
+) -> RequestRecord:
+    """Stream one request; never raises for what the server or network does."""
     path, body = request_body(config, req)
     chunks: list[float] = []
     prompt_tokens, output_tokens = req.prompt_len, None
