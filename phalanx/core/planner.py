@@ -136,14 +136,15 @@ class Outcome:
 
 @dataclass(frozen=True, slots=True)
 class SearchConfig:
-    requests: int = 600  # simulated per capacity probe
+    requests: int = 600  # simulated per capacity probe, at least ...
+    per_slot: int = 4  # ... this many per slot of the pool, so a burst cannot hide in free slots
     cell: int = 8  # largest pool simulated whole; bigger pools are cells of this size
     bisections: int = 14
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.requests < 10 or self.cell < 1 or self.bisections < 1:
-            raise ValueError("requests >= 10, cell >= 1 and bisections >= 1")
+        if self.requests < 10 or self.cell < 1 or self.bisections < 1 or self.per_slot < 1:
+            raise ValueError("requests >= 10, cell, bisections and per_slot >= 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,10 +388,10 @@ def capacity_curve(
             continue
 
         def holds(rate: float, n: int = n, judged: Slo = judged) -> bool:
-            return (
-                joint_attainment(_simulate_role(profile, workload, role, n, rate, config), judged)
-                >= judged.attainment
-            )
+            outcomes = _simulate_role(profile, workload, role, n, rate, config)
+            # The first pool-full of requests met an empty pool: warm-up, not judged.
+            warm = min(len(outcomes) // 4, n * profile.slots)
+            return joint_attainment(outcomes[warm:], judged) >= judged.attainment
 
         lo, hi = 0.0, ceiling * n
         if holds(hi):
@@ -417,7 +418,8 @@ def _simulate_role(
 ) -> list[Outcome]:
     if rate <= 0:
         return [Outcome(0.0, 0.0)]
-    reqs = _requests(workload, rate, config.requests, config.seed)
+    count = max(config.requests, config.per_slot * n * profile.slots)
+    reqs = _requests(workload, rate, count, config.seed)
     for r in reqs:
         r.ready = r.arrival
     if role == "decode":
