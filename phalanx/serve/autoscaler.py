@@ -11,6 +11,7 @@ the stats do stops the loop: a failed pass is logged and the next one tries agai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -182,7 +183,5 @@ class Autoscaler:
                 await asyncio.to_thread(self.step)
             except Exception:  # the loop must outlive any one pass (head down, bad answer)
                 log.exception("autoscaler %s: a pass failed; trying again", self.deployment)
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
-            except TimeoutError:
-                pass
