@@ -442,17 +442,18 @@ def _simulate_role(
 
 
 def replicas_for(curve: Sequence[tuple[int, float]], rate: float, limit: int) -> int | None:
-    """The least replica count whose capacity covers `rate` (None above `limit`)."""
-    for n, cap in curve:
-        if cap >= rate:
-            return n if n <= limit else None
-    cell, cap = curve[-1]
-    if cap <= 0:
-        return None
-    n = math.ceil(rate * cell / cap)
-    if n <= cell:  # a rounding edge: the cell itself did not hold it
-        n = cell + 1
-    return n if n <= limit else None
+    """The least replica count whose capacity covers `rate` (None above `limit`).
+
+    Between and beyond the measured sizes m, n replicas hold at least n/m times what m
+    held (a bigger least-loaded pool pools at least as well): n = min over m of
+    max(m, ⌈rate·m / capacity(m)⌉) — non-decreasing in `rate`, term by term."""
+    best: int | None = None
+    for m, cap in curve:
+        if cap <= 0:
+            continue
+        n = m if cap >= rate else max(m, math.ceil(rate * m / cap))
+        best = n if best is None else min(best, n)
+    return best if best is not None and best <= limit else None
 
 
 def plan(
