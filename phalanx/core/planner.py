@@ -10,9 +10,11 @@ How the search stays fast at 100,000 GPUs (docs/serving-slo.md): it measures eac
 n in 1, 2, 4 … `cell` — by simulating n replicas behind a least-loaded router. A larger
 pool is split into independent cells of `cell` replicas, each taking its share of the
 traffic (randomly split Poisson traffic is Poisson): its capacity is n / cell times a
-cell's, which is conservative (one big least-loaded pool pools better than cells). The
-curve is made non-decreasing (n replicas can always idle down to fewer), so the answer —
-the least n whose capacity covers the rate — never falls when the load rises.
+cell's (one big least-loaded pool pools at least as well as cells; the finite simulation
+makes each capacity a few percent uncertain either way — bench/serve_plan.py compares the
+answer with a whole-pool search). The curve is made non-decreasing (n replicas can always
+idle down to fewer), so the answer — the least n whose capacity covers the rate — never
+falls when the load rises.
 
 Disaggregated pools are sized separately, as DistServe does: the prefill pool holds TTFT,
 the decode pool TPOT, each at attainment 1 − (1 − target) / 2, so that both hold together
