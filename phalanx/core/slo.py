@@ -12,8 +12,10 @@ The rule, in order (docs/serving-slo.md):
    ready replicas hold:
    to the replicas the demand needs at `target_utilisation` or the SLO shortfall asks
    for (current × target / attainment), at least one more, at most `max_up_factor` times
-   the current count. Not again while replicas of the last step are
-   still starting (they would be counted twice) or within `up_cooldown_s`.
+   the current count. A queue shorter than at the last call is draining: no step then;
+   misses alone (no queue) wait `miss_cooldown_s` (a window) after the last step up. Not
+   again while replicas of the last step are still starting (they would be counted
+   twice) or within `up_cooldown_s`.
 3. Scale down slowly, one replica at a time, only when the pool meets its SLO, nothing
    queues, and one replica fewer would still run below `down_utilisation` (a lower
    threshold than the scale-up one: the gap between them is the hysteresis), continuously
@@ -60,6 +62,9 @@ class Tuning:
     min_samples: int = 5  # fewer requests in the window: attainment is not judged
     max_up_factor: float = 2.0
     up_cooldown_s: float = 10.0
+    # A step on SLO misses alone waits a whole window after the last step up: until then
+    # the window still holds requests that queued before the new replicas served.
+    miss_cooldown_s: float = 30.0
     down_cooldown_s: float = 60.0
     down_stable_s: float = 30.0
 
@@ -79,6 +84,7 @@ class PolicyState:
     last_up_s: float | None = None
     last_down_s: float | None = None
     low_since_s: float | None = None  # since when one replica fewer would have sufficed
+    last_queued: int | None = None  # the queue at the last call
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +119,20 @@ def decide(
     tuning: Tuning = Tuning(),
 ) -> ScaleDecision:
     """The replica count the pool should have now, why, and the policy's next state."""
+    d = _decide(window, target, min_replicas, max_replicas, current, state, now, tuning)
+    return ScaleDecision(d.replicas, d.reason, replace(d.state, last_queued=window.queued))
+
+
+def _decide(
+    window: PoolWindow,
+    target: Target,
+    min_replicas: int,
+    max_replicas: int,
+    current: int,
+    state: PolicyState,
+    now: float,
+    tuning: Tuning,
+) -> ScaleDecision:
     if min_replicas < 0 or max_replicas < max(min_replicas, 1):
         raise ValueError(f"bad bounds [{min_replicas}, {max_replicas}]")
     if current < min_replicas:
@@ -129,6 +149,17 @@ def decide(
     if demand <= (current - 1) * slots * tuning.down_utilisation:
         misses = ""
     queueing = window.queued > 0 and demand > window.replicas_ready * slots
+    # A queue shorter than at the last call is draining: the last step is working, and
+    # sizing the pool to a passing backlog would overshoot.
+    if state.last_queued is not None and window.queued < state.last_queued:
+        misses, queueing = "", False
+    if (
+        misses
+        and not queueing
+        and state.last_up_s is not None
+        and now - state.last_up_s < tuning.miss_cooldown_s
+    ):
+        misses = ""
 
     if misses or queueing or (current == 0 and demand > 0):
         why = misses or f"{window.queued} requests queued beyond {window.replicas_ready} ready"
@@ -192,8 +223,8 @@ def _misses(window: PoolWindow, target: Target, tuning: Tuning) -> tuple[str, fl
 
 
 def _up(state: PolicyState, now: float) -> PolicyState:
-    return PolicyState(last_up_s=now, last_down_s=state.last_down_s, low_since_s=None)
+    return replace(state, last_up_s=now, low_since_s=None)
 
 
 def _down(state: PolicyState, now: float) -> PolicyState:
-    return PolicyState(last_up_s=state.last_up_s, last_down_s=now, low_since_s=None)
+    return replace(state, last_down_s=now, low_since_s=None)

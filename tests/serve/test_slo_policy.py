@@ -92,6 +92,38 @@ CASES = [
         "hold",
         state=PolicyState(last_up_s=995.0),
     ),
+    Case(
+        "a queue shorter than at the last call is draining: hold",
+        window(bad=10, in_flight=8, queued=6, ready=2),
+        2,
+        2,
+        "hold",
+        state=PolicyState(last_queued=9),
+    ),
+    Case(
+        "the same queue, not draining: up",
+        window(bad=10, in_flight=8, queued=6, ready=2),
+        2,
+        4,
+        "scale up",
+        state=PolicyState(last_queued=6),
+    ),
+    Case(
+        "misses alone within a window of the last step up: hold (stale samples)",
+        window(bad=10, in_flight=8, ready=2),
+        2,
+        2,
+        "hold",
+        state=PolicyState(last_up_s=980.0),
+    ),
+    Case(
+        "misses alone a window after the last step up: up",
+        window(bad=10, in_flight=8, ready=2),
+        2,
+        4,
+        "scale up: TTFT",
+        state=PolicyState(last_up_s=960.0),
+    ),
     Case("missing at max: hold", window(bad=10, in_flight=40, ready=10), 10, 10, "hold"),
     Case(
         "too few samples to judge attainment, no queue: hold",
@@ -271,6 +303,11 @@ def test_never_flaps_under_a_steady_load(
     moves = [b - a for a, b in itertools.pairwise(history) if b != a]
     assert all(m > 0 for m in moves) or all(m < 0 for m in moves), history
     assert history[-1] == history[-40]  # settled
+
+
+def test_the_queue_is_remembered() -> None:
+    d = decide(window(queued=3, in_flight=8), SLO, 1, 10, 2, PolicyState(), 0.0, TUNING)
+    assert d.state.last_queued == 3
 
 
 def test_decision_is_frozen() -> None:
