@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Arrivals = Literal["poisson", "uniform", "trace"]
+STABILITY = 10.0  # an open target: at most this × a full batch's latency (see capacity_curve)
 Role = Literal["aggregated", "prefill", "decode"]
 
 
@@ -371,25 +372,29 @@ def capacity_curve(
 ) -> tuple[tuple[int, float], ...]:
     """(replicas, highest rate they hold) for 1, 2, 4 … cell replicas of one role: the
     aggregated pool is judged on both targets, a prefill pool on TTFT, a decode pool on
-    TPOT (each at the union-bound attainment, see the module docstring)."""
-    judged: Slo | None = slo
-    if role != "aggregated":
-        share = 1 - (1 - slo.attainment) / 2
-        if role == "prefill":
-            judged = Slo(ttft_ms=slo.ttft_ms, attainment=share) if slo.ttft_ms else None
-        else:
-            judged = Slo(tpot_ms=slo.tpot_ms, attainment=share) if slo.tpot_ms else None
+    TPOT (each at the union-bound attainment, see the module docstring). A target the
+    SLO leaves open is STABILITY × a full batch's latency."""
+    # A target the SLO leaves open still bounds the pool: STABILITY × the latency of a
+    # full batch, or an overloaded pool (its queue growing without end) would pass.
+    mean_in = max(1, round(sum(i for i, _ in workload.lengths) / len(workload.lengths)))
+    full = max(1, min(profile.slots, profile.max_batch_tokens // mean_in))
+    loose_ttft = STABILITY * profile.prefill_ms([mean_in] * full)
+    loose_tpot = STABILITY * profile.decode_ms(profile.slots, profile.slots * mean_in)
+    ttft = slo.ttft_ms if slo.ttft_ms is not None else loose_ttft
+    tpot = slo.tpot_ms if slo.tpot_ms is not None else loose_tpot
+    share = 1 - (1 - slo.attainment) / 2
+    judged = {
+        "aggregated": Slo(ttft_ms=ttft, tpot_ms=tpot, attainment=slo.attainment),
+        "prefill": Slo(ttft_ms=ttft, attainment=share),
+        "decode": Slo(tpot_ms=tpot, attainment=share),
+    }[role]
     # A rate no single replica could ever exceed: one request per bare prefill.
-    mean_in = sum(i for i, _ in workload.lengths) / len(workload.lengths)
-    ceiling = profile.slots * 1000.0 / max(profile.prefill_ms([max(1, int(mean_in))]), 1e-6)
+    ceiling = profile.slots * 1000.0 / max(profile.prefill_ms([mean_in]), 1e-6)
     curve: list[tuple[int, float]] = []
     best = 0.0
     for n in _pool_sizes(config.cell):
-        if judged is None:  # nothing to hold: any rate (the other pool is judged)
-            curve.append((n, math.inf))
-            continue
 
-        def holds(rate: float, n: int = n, judged: Slo = judged) -> bool:
+        def holds(rate: float, n: int = n) -> bool:
             outcomes = _simulate_role(profile, workload, role, n, rate, config)
             # The first pool-full of requests met an empty pool: warm-up, not judged.
             warm = min(len(outcomes) // 4, n * profile.slots)

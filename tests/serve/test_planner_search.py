@@ -96,6 +96,19 @@ def test_the_plan_meets_the_slo_in_its_own_simulation() -> None:
         assert joint_attainment(fewer[len(fewer) // 4 :], slo) < slo.attainment
 
 
+def test_an_open_target_still_keeps_the_pool_stable() -> None:
+    """A TPOT-only SLO says nothing of queueing before the first token, a TTFT-only one
+    nothing of decoding: each pool must still keep up with its load."""
+    light, heavy = (Workload(rate=r, lengths=LENGTHS) for r in (2.0, 40.0))
+    tpot_only, ttft_only = Slo(tpot_ms=60), Slo(ttft_ms=400)
+    a, b = (plan(LLM, w, tpot_only, config=FAST) for w in (light, heavy))
+    assert a.aggregated_replicas is not None and b.aggregated_replicas is not None
+    assert b.aggregated_replicas > a.aggregated_replicas
+    c, d = (plan(LLM, w, ttft_only, config=FAST) for w in (light, heavy))
+    assert c.decode_replicas is not None and d.decode_replicas is not None
+    assert d.decode_replicas > c.decode_replicas
+
+
 def test_a_hundred_thousand_gpu_cluster() -> None:
     """Plans for traffic a 100k-GPU cluster serves cost the same search as small ones, and
     say 'none' once no layout fits under max_gpus."""
