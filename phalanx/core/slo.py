@@ -11,7 +11,7 @@ The rule, in order (docs/serving-slo.md):
    old misses in the window do not add replicas twice) or requests queue beyond what the
    ready replicas hold:
    to the replicas the demand needs at `target_utilisation` or the SLO shortfall asks
-   for (current × target / attainment), at least one more, at most `max_up_factor` times
+   for (current × (1 + target − attainment)), at least one more, at most `max_up_factor` times
    the current count. A queue shorter than at the last call is draining: no step then;
    misses alone (no queue) wait `miss_cooldown_s` (a window) after the last step up. Not
    again while replicas of the last step are still starting (they would be counted
@@ -64,7 +64,7 @@ class Tuning:
     up_cooldown_s: float = 10.0
     # A step on SLO misses alone waits a whole window after the last step up: until then
     # the window still holds requests that queued before the new replicas served.
-    miss_cooldown_s: float = 30.0
+    miss_cooldown_s: float = 45.0
     down_cooldown_s: float = 60.0
     down_stable_s: float = 30.0
 
@@ -171,8 +171,9 @@ def _decide(
         if state.last_up_s is not None and now - state.last_up_s < tuning.up_cooldown_s:
             return ScaleDecision(current, HOLD, replace(state, low_since_s=None))
         # Missing the SLO by a wide margin asks for more at once: attainment 45% against
-        # a 90% target doubles the pool (at most max_up_factor).
-        by_slo = math.ceil(current * target.attainment / max(worst, 0.01)) if misses else 0
+        # a 90% target adds 45% (at most max_up_factor). Gentler than target/attainment:
+        # misses lag the replicas just added, and the step repeats if they persist.
+        by_slo = math.ceil(current * (1 + target.attainment - worst)) if misses else 0
         ceiling = max(current + 1, math.floor(current * tuning.max_up_factor))
         replicas = min(max_replicas, max(current + 1, min(max(needed, by_slo), ceiling)))
         return ScaleDecision(replicas, f"scale up: {why}", _up(state, now))

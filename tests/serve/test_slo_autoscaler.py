@@ -136,10 +136,10 @@ def test_only_bounded_pools_are_scaled() -> None:
     clock = Clock()
     scaler = Autoscaler(head, windows, "smol", window_s=20.0, clock=clock)
     actions = scaler.step()
-    assert [(a.pool, a.before, a.after, a.applied) for a in actions] == [("prefill", 2, 4, True)]
+    assert [(a.pool, a.before, a.after, a.applied) for a in actions] == [("prefill", 2, 3, True)]
     assert actions[0].reason.startswith("scale up: TTFT attainment 40% < 90%")
-    assert head.calls == [("smol", "prefill", 4)]
-    assert (head.desired("prefill"), head.desired("decode")) == (4, 2)
+    assert head.calls == [("smol", "prefill", 3)]
+    assert (head.desired("prefill"), head.desired("decode")) == (3, 2)
     assert windows.asked == [("prefill", 20.0)]  # the unbounded pool is not even read
     # The new replicas start: the next pass holds instead of adding again.
     windows.by_pool["prefill"] = window(bad=12, in_flight=8, ready=2)
