@@ -87,9 +87,13 @@ def to_window(w: WindowLike) -> slo.PoolWindow:
 
 
 def target_of(pool: PoolSpec) -> slo.Target:
+    """The targets a pool answers for: a prefill pool makes the first token (TTFT), a
+    decode pool the rest (TPOT); an aggregated pool both."""
     if pool.slo is None:
         return slo.Target()
-    return slo.Target(pool.slo.ttft_ms, pool.slo.tpot_ms, pool.slo.attainment)
+    ttft = pool.slo.ttft_ms if pool.role != "decode" else None
+    tpot = pool.slo.tpot_ms if pool.role != "prefill" else None
+    return slo.Target(ttft, tpot, pool.slo.attainment)
 
 
 class Autoscaler:

@@ -148,6 +148,22 @@ def test_only_bounded_pools_are_scaled() -> None:
     assert list(scaler.history) == actions
 
 
+def test_each_disaggregated_pool_answers_for_its_own_phase() -> None:
+    """TTFT misses grow the prefill pool, never the decode pool; TPOT misses the reverse."""
+    head = Head(deployment(prefill=(1, 8), decode=(1, 8)))
+    slow_first = window(bad=12, in_flight=8)  # TTFT misses, TPOT fine
+    slow_rest = PoolWindow(20, 0, (100.0,) * 20, (900.0,) * 20, 8, 0, 2)  # TPOT misses
+    windows = Windows({"prefill": slow_first, "decode": slow_first})
+    scaler = Autoscaler(head, windows, "smol", clock=Clock())
+    assert [a.pool for a in scaler.step()] == ["prefill"]
+    head = Head(deployment(prefill=(1, 8), decode=(1, 8)))
+    windows = Windows({"prefill": slow_rest, "decode": slow_rest})
+    scaler = Autoscaler(head, windows, "smol", clock=Clock())
+    actions = scaler.step()
+    assert [a.pool for a in actions] == ["decode"]
+    assert actions[0].reason.startswith("scale up: TPOT attainment 0% < 90%")
+
+
 def test_a_quiet_pool_shrinks_slowly_to_its_minimum() -> None:
     head = Head(deployment(prefill=(1, 8), decode=(1, 8)))
     quiet = window(in_flight=0, ready=2)
