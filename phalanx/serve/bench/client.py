@@ -159,12 +159,14 @@ async def send_one(
                 event = json.loads(data)
                 if not isinstance(event, dict):
                     continue
+                if "error" in event:  # the engine gave up mid-stream
+                    raise ValueError(f"the engine sent an error: {str(event['error'])[:200]}")
                 if _content(event, config.endpoint):
                     chunks.append(now)
                 usage = event.get("usage")
                 if isinstance(usage, dict):
-                    prompt_tokens = _int(usage.get("prompt_tokens"), prompt_tokens)
-                    output_tokens = _int(usage.get("completion_tokens"), output_tokens)
+                    prompt_tokens = _count(usage.get("prompt_tokens")) or prompt_tokens
+                    output_tokens = _count(usage.get("completion_tokens")) or output_tokens
     except (httpx.HTTPError, ValueError) as exc:
         return RequestRecord(
             start,
@@ -186,7 +188,7 @@ def _content(event: dict[str, Any], endpoint: Endpoint) -> bool:
     return bool(choices[0].get("text"))
 
 
-def _int(value: object, default: int | None) -> Any:
-    return (
-        value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else default
-    )
+def _count(value: object) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
