@@ -37,11 +37,14 @@ class TraceRow:
 
 
 def traces_dir() -> Path:
-    """`$PHALANX_TRACES/serving`, else ../shared/traces/serving from the checkout."""
+    """`$PHALANX_TRACES/serving`, else shared/traces/serving beside the checkout (or in
+    it), as phalanx.sim.demo finds the scheduler's traces."""
     root = os.environ.get("PHALANX_TRACES")
     if root:
         return Path(root) / "serving"
-    return Path(__file__).resolve().parents[3].parent / "shared" / "traces" / "serving"
+    repo = Path(__file__).resolve().parents[3]
+    inside = repo / "shared" / "traces" / "serving"
+    return inside if inside.is_dir() else repo.parent / "shared" / "traces" / "serving"
 
 
 TRACE_FILES = {
