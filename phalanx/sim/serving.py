@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phalanx.core import planner, slo
+from phalanx.core import planner, servesim, slo
 from phalanx.serve.bench import traces
 
 
@@ -140,18 +140,18 @@ def replay_autoscaler(
         t0 += ph.seconds
     end = t0
     reqs = [
-        planner.SimRequest(
+        servesim.SimRequest(
             arrival=a, inp=lengths[i % len(lengths)][0], out=lengths[i % len(lengths)][1]
         )
         for i, a in enumerate(arrivals)
     ]
     for r in reqs:
         r.ready = r.arrival
-    serving: list[planner.SimReplica] = []
+    serving: list[servesim.SimReplica] = []
     starting: list[float] = []  # when each starting replica begins to serve
-    drained: list[planner.SimReplica] = []
+    drained: list[servesim.SimReplica] = []
     for _ in range(start_replicas):
-        serving.append(planner.SimReplica("aggregated", profile))
+        serving.append(servesim.SimReplica("aggregated", profile))
     state = slo.PolicyState()
     changes: list[tuple[float, int]] = [(0.0, start_replicas)]
     decisions: list[tuple[float, str]] = []
@@ -164,7 +164,7 @@ def replay_autoscaler(
             rep.advance(now)
         while starting and starting[0] <= now:
             starting.pop(0)
-            rep = planner.SimReplica("aggregated", profile)
+            rep = servesim.SimReplica("aggregated", profile)
             rep.now = now
             serving.append(rep)
         if i < len(reqs) and reqs[i].arrival == now:
@@ -194,7 +194,7 @@ def replay_autoscaler(
         next_tick += interval_s
     for rep in serving + drained:
         rep.advance(math.inf)
-    outcomes = [planner.outcome_of(r) for r in reqs]
+    outcomes = [servesim.outcome_of(r) for r in reqs]
     return ReplayResult(
         attainment=planner.joint_attainment(outcomes, target),
         requests=len(reqs),
@@ -204,7 +204,7 @@ def replay_autoscaler(
 
 
 def _window(
-    replicas: Sequence[planner.SimReplica], now: float, seconds: float, ready: int
+    replicas: Sequence[servesim.SimReplica], now: float, seconds: float, ready: int
 ) -> slo.PoolWindow:
     ended = [r for rep in replicas for r in rep.done if now - seconds <= r.end <= now]
     ttft = tuple((r.first - r.arrival) * 1000.0 for r in ended)
