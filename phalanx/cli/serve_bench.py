@@ -161,6 +161,8 @@ def serve_calibrate(
     from phalanx.serve.bench.calibrate import calibrate
 
     token = read_token_file(token_file) if token_file else None
+    # Parsed before the try: typer.Exit (from fail) is a RuntimeError too.
+    length_list, batch_list = _ints(lengths, "--lengths"), _ints(batches, "--batches")
     try:
         profile, prefill, decode = asyncio.run(
             calibrate(
@@ -169,8 +171,8 @@ def serve_calibrate(
                 token=token,
                 slots=slots,
                 gpus=gpus,
-                lengths=_ints(lengths, "--lengths"),
-                batches=_ints(batches, "--batches"),
+                lengths=length_list,
+                batches=batch_list,
                 decode_tokens=decode_tokens,
                 repeats=repeats,
                 name=name[:200],
