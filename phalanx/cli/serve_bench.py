@@ -203,6 +203,10 @@ def serve_plan(
         typer.Option("--rate", help="Requests/s to plan for (default: the trace's own)."),
     ] = None,
     rate_scale: Annotated[float, typer.Option("--rate-scale", help="The rate × this.")] = 1.0,
+    sweep: Annotated[
+        str | None,
+        typer.Option("--sweep", help="More rates, comma-separated: GPUs for each (one search)."),
+    ] = None,
     arrivals: Annotated[Literal["poisson", "trace"], typer.Option("--arrivals")] = "poisson",
     rows: Annotated[
         int, typer.Option("--rows", help="Trace rows to read.", min=2, max=1_000_000)
@@ -224,6 +228,7 @@ def serve_plan(
     from phalanx.serve.bench import traces
     from phalanx.sim.serving import plan_for_trace, workload_from_trace
 
+    sweep_rates = _floats(sweep, "--sweep") if sweep else []
     for value, flag in (
         (rate, "--rate"),
         (rate_scale, "--rate-scale"),
@@ -257,6 +262,7 @@ def serve_plan(
             target,
             max_gpus=max_gpus,
             config=planner.SearchConfig(requests=requests, seed=seed),
+            sweep=sweep_rates,
         )
     except (ValueError, traces.TraceError) as exc:
         fail(str(exc))
@@ -276,4 +282,14 @@ def _ints(text: str, flag: str) -> list[int]:
         fail(f"{flag} must be comma-separated integers, not {text!r}")
     if not values or len(values) > 32 or any(v < 1 or v > 1_000_000 for v in values):
         fail(f"{flag} needs 1 to 32 integers in [1, 1000000]")
+    return values
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        fail(f"{flag} must be comma-separated numbers, not {text!r}")
+    if not values or len(values) > 1000 or not all(math.isfinite(v) and v > 0 for v in values):
+        fail(f"{flag} needs 1 to 1000 positive numbers")
     return values

@@ -54,6 +54,7 @@ __all__ = [
     "SearchConfig",
     "Slo",
     "Workload",
+    "capacities",
     "capacity_curve",
     "joint_attainment",
     "plan",
@@ -90,7 +91,7 @@ class Plan:
     gpus_per_replica: int
     best: Literal["aggregated", "disaggregated", "none"]
     gpus: int | None
-    capacity: dict[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    capacity: dict[Role, tuple[tuple[int, float], ...]] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------- search
@@ -200,6 +201,17 @@ def replicas_for(curve: Sequence[tuple[int, float]], rate: float, limit: int) ->
     return best if best is not None and best <= limit else None
 
 
+Capacities = dict[Role, tuple[tuple[int, float], ...]]
+
+
+def capacities(
+    profile: LatencyProfile, workload: Workload, slo: Slo, config: SearchConfig = SearchConfig()
+) -> Capacities:
+    """The capacity curves of the three pool roles (the workload's rate is not used)."""
+    roles: tuple[Role, ...] = ("aggregated", "prefill", "decode")
+    return {role: capacity_curve(profile, workload, slo, role, config) for role in roles}
+
+
 def plan(
     profile: LatencyProfile,
     workload: Workload,
@@ -207,14 +219,14 @@ def plan(
     *,
     max_gpus: int = 100_000,
     config: SearchConfig = SearchConfig(),
+    curves: Capacities | None = None,
 ) -> Plan:
     """The cheapest aggregated pool and the cheapest prefill + decode split for the
-    workload's rate, in GPUs (replicas × the profile's GPUs per replica)."""
+    workload's rate, in GPUs (replicas × the profile's GPUs per replica). `curves`:
+    capacities() of the same profile, lengths and SLO — they do not depend on the rate,
+    so a sweep over rates measures them once."""
     limit = max(0, max_gpus // profile.gpus)
-    curves = {
-        role: capacity_curve(profile, workload, slo, role, config)
-        for role in ("aggregated", "prefill", "decode")
-    }
+    curves = curves or capacities(profile, workload, slo, config)
     agg = replicas_for(curves["aggregated"], workload.rate, limit)
     pre = replicas_for(curves["prefill"], workload.rate, limit)
     dec = replicas_for(curves["decode"], workload.rate, limit)

@@ -53,13 +53,33 @@ def plan_for_trace(
     *,
     max_gpus: int = 100_000,
     config: planner.SearchConfig | None = None,
+    sweep: Sequence[float] = (),
 ) -> dict[str, Any]:
-    """The plan as a JSON-ready dict, with the search's own run time."""
+    """The plan as a JSON-ready dict, with the search's own run time; `sweep`: more
+    rates to answer from the same capacity curves (`"sweep"`: one row per rate)."""
     config = config or planner.SearchConfig()
     t0 = time.perf_counter()
-    result = planner.plan(profile, workload, target, max_gpus=max_gpus, config=config)
+    curves = planner.capacities(profile, workload, target, config)
+    result = planner.plan(
+        profile, workload, target, max_gpus=max_gpus, config=config, curves=curves
+    )
+    rows = []
+    for rate in sweep:
+        other = planner.Workload(rate, workload.lengths, workload.arrivals, workload.gaps_s)
+        p = planner.plan(profile, other, target, max_gpus=max_gpus, config=config, curves=curves)
+        rows.append(
+            {
+                "rate": rate,
+                "best": p.best,
+                "gpus": p.gpus,
+                "aggregated_replicas": p.aggregated_replicas,
+                "prefill_replicas": p.prefill_replicas,
+                "decode_replicas": p.decode_replicas,
+            }
+        )
     elapsed = time.perf_counter() - t0
     return {
+        "sweep": rows,
         "rate": result.rate,
         "best": result.best,
         "gpus": result.gpus,

@@ -125,6 +125,39 @@ def test_serve_plan_cli(tmp_path: Path) -> None:
     assert out.exit_code == 0, out.output
     data = json.loads(out.stdout)
     assert data["rate"] == 500.0 and data["trace"]["name"] == "azure-code" and data["gpus"] >= 1
+    assert data["sweep"] == []
+    sweep = CliRunner().invoke(
+        app,
+        [
+            "serve-plan",
+            "--profile",
+            str(profile),
+            "--trace",
+            "azure-code",
+            "--rows",
+            "500",
+            "--slo-ttft-ms",
+            "800",
+            "--slo-tpot-ms",
+            "60",
+            "--requests",
+            "200",
+            "--sweep",
+            "10,500,50000,1e9",
+            "--max-gpus",
+            "100000",
+        ],
+    )
+    assert sweep.exit_code == 0, sweep.output
+    rows = json.loads(sweep.stdout)["sweep"]
+    assert [r["rate"] for r in rows] == [10, 500, 50000, 1e9]
+    assert rows[1]["gpus"] == data["gpus"]  # the same answer as the single-rate plan
+    assert rows[0]["gpus"] <= rows[1]["gpus"] <= rows[2]["gpus"] <= 100_000
+    assert (rows[3]["best"], rows[3]["gpus"]) == ("none", None)  # beyond 100k GPUs
+    bad_sweep = CliRunner().invoke(app, ["serve-plan", "--profile", str(profile), "--sweep", "1,x"])
+    assert (
+        bad_sweep.exit_code == 2 and "--sweep must be comma-separated numbers" in bad_sweep.output
+    )
     profile.write_text('{"slots": 2}')
     bad = CliRunner().invoke(app, ["serve-plan", "--profile", str(profile), "--slo-ttft-ms", "100"])
     assert bad.exit_code == 2 and bad.output.startswith("error: ") and "Traceback" not in bad.output
