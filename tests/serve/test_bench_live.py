@@ -105,6 +105,20 @@ def test_chat_and_a_trace_workload(server: str) -> None:
     assert [r.output_tokens for r in result.records] == [2, 2, 3]
 
 
+def test_shared_prefixes_show_as_cached_tokens(server: str) -> None:
+    """One after another, prompts sharing 24 of 30 words: the engine's slot keeps the
+    prefix, and its usage says how much it did not compute again."""
+    spec = WorkloadSpec(
+        name="prefix", num=3, input_len=30, prefix_len=24, num_prefixes=1, output_len=2
+    )
+    result = run(BenchConfig(url=server, model="smol", token=KEY, workload=spec, max_concurrency=1))
+    assert result.metrics.completed == 3
+    later = result.records[1:]
+    assert all(r.cached_tokens is not None and r.cached_tokens >= 20 for r in later), result.records
+    rate = result.metrics.prefix_cache_hit_rate
+    assert rate is not None and 0.4 < rate < 1
+
+
 def test_refused_requests_are_failures_not_crashes(server: str) -> None:
     spec = WorkloadSpec(name="random", num=2, input_len=4, output_len=2)
     result = run(BenchConfig(url=server, model="smol", token="wrong", workload=spec))

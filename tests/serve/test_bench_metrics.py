@@ -80,3 +80,12 @@ def test_peak_concurrency_and_empty_runs() -> None:
 def test_a_request_without_content_is_a_failure() -> None:
     m = calculate_metrics([RequestRecord(start=0.0)], duration_s=1.0)
     assert (m.completed, m.failed, m.errors) == (0, 1, ("no content",))
+
+
+def test_prefix_cache_hit_rate_from_usage() -> None:
+    hit = RequestRecord(start=0.0, chunk_times=(0.1,), prompt_tokens=100, cached_tokens=75)
+    miss = RequestRecord(start=0.0, chunk_times=(0.1,), prompt_tokens=100, cached_tokens=0)
+    m = calculate_metrics([hit, miss, B], duration_s=1.0)  # B reported nothing
+    assert (m.total_cached_input, m.prefix_cache_hit_rate) == (75, pytest.approx(75 / 207))
+    none = calculate_metrics([A, B], duration_s=1.0)
+    assert (none.total_cached_input, none.prefix_cache_hit_rate) == (None, None)

@@ -135,7 +135,7 @@ async def send_one(
     """Stream one request; never raises for what the server or network does."""
     path, body = request_body(config, req)
     chunks: list[float] = []
-    prompt_tokens, output_tokens = req.prompt_len, None
+    prompt_tokens, output_tokens, cached = req.prompt_len, None, None
     start = time.perf_counter()
     try:
         async with http.stream("POST", path, json=body) as response:
@@ -167,6 +167,9 @@ async def send_one(
                 if isinstance(usage, dict):
                     prompt_tokens = _count(usage.get("prompt_tokens")) or prompt_tokens
                     output_tokens = _count(usage.get("completion_tokens")) or output_tokens
+                    details = usage.get("prompt_tokens_details")
+                    if isinstance(details, dict):
+                        cached = _count(details.get("cached_tokens"))
     except (httpx.HTTPError, ValueError) as exc:
         return RequestRecord(
             start,
@@ -175,7 +178,7 @@ async def send_one(
             prompt_tokens=req.prompt_len,
             error=f"{type(exc).__name__}: {str(exc)[:200]}",
         )
-    return RequestRecord(start, tuple(chunks), True, prompt_tokens, output_tokens)
+    return RequestRecord(start, tuple(chunks), True, prompt_tokens, output_tokens, "", cached)
 
 
 def _content(event: dict[str, Any], endpoint: Endpoint) -> bool:

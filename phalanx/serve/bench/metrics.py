@@ -38,6 +38,9 @@ class RequestRecord:
     prompt_tokens: int = 0  # usage.prompt_tokens, else the workload's estimate
     output_tokens: int | None = None  # usage.completion_tokens (None: the engine sent none)
     error: str = ""
+    # usage.prompt_tokens_details.cached_tokens: prompt tokens the engine did not compute
+    # again (its prefix cache; vLLM and llama.cpp report it). None: not reported.
+    cached_tokens: int | None = None
 
     @property
     def ttft(self) -> float:
@@ -111,6 +114,10 @@ class Metrics:
     e2el_ms: Stat
     max_concurrent_requests: int
     errors: tuple[str, ...] = field(default=())
+    # Not vLLM's: prompt tokens served from the engines' prefix caches (None: no engine
+    # reported it), and their share of all input tokens — what KV-aware routing raises.
+    total_cached_input: int | None = None
+    prefix_cache_hit_rate: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,6 +145,8 @@ def calculate_metrics(
         itls += r.itl
         ttfts.append(r.ttft)
         e2els.append(r.latency)
+    reported = [r.cached_tokens for r in ok if r.cached_tokens is not None]
+    cached = sum(reported) if reported else None
     good = 0
     if slo.any:
         for ttft, tpot, e2el in zip(ttfts, all_tpots, e2els, strict=True):
@@ -164,6 +173,10 @@ def calculate_metrics(
         e2el_ms=Stat.of(e2els),
         max_concurrent_requests=_peak_concurrency(ok),
         errors=tuple(sorted({r.error or "no content" for r in failed}))[:10],
+        total_cached_input=cached,
+        prefix_cache_hit_rate=(cached / total_input if total_input else 0.0)
+        if cached is not None
+        else None,
     )
 
 
