@@ -19,6 +19,7 @@ from phalanx.cli.logs import logs
 from phalanx.cli.nodes import drain, nodes, resume
 from phalanx.cli.report import idle, report
 from phalanx.cli.serve import serve_app
+from phalanx.cli.serve_bench import serve_bench, serve_calibrate, serve_plan
 from phalanx.cli.services import agent, head, up
 from phalanx.cli.slurmpool import slurm_pool
 from phalanx.cli.slurmshims import slurm_shims
@@ -98,6 +99,9 @@ app.command("head")(head)
 app.command("agent")(agent)
 app.command("slurm-shims")(slurm_shims)
 app.command("slurm-pool")(slurm_pool)
+app.command("serve-bench")(serve_bench)
+app.command("serve-calibrate")(serve_calibrate)
+app.command("serve-plan")(serve_plan)
 
 
 @app.command("version")
