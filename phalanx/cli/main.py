@@ -18,6 +18,7 @@ from phalanx.cli.local import local_app
 from phalanx.cli.logs import logs
 from phalanx.cli.nodes import drain, nodes, resume
 from phalanx.cli.report import idle, report
+from phalanx.cli.serve_router import serve_router
 from phalanx.cli.services import agent, head, up
 from phalanx.cli.slurmpool import slurm_pool
 from phalanx.cli.slurmshims import slurm_shims
@@ -96,6 +97,7 @@ app.command("head")(head)
 app.command("agent")(agent)
 app.command("slurm-shims")(slurm_shims)
 app.command("slurm-pool")(slurm_pool)
+app.command("serve-router")(serve_router)
 
 
 @app.command("version")
