@@ -93,8 +93,8 @@ def build(options: RouterOptions, clock: Callable[[], float] = time.monotonic) -
         raise RouterSetupError("give --head and --deployment, or --replica URL (repeatable)")
     if options.replicas and options.deployment:
         raise RouterSetupError("--replica and --deployment exclude each other")
-    if options.head and not options.token:
-        raise RouterSetupError("the router needs its token (--token-file) to talk to the head")
+    if options.deployment and not options.token:
+        raise RouterSetupError("the router needs its token (--token-file) to read endpoints")
     if not options.head and not options.no_auth:
         raise RouterSetupError(
             "without --head nothing can check client tokens: give --head URL (and --owner/"
