@@ -525,6 +525,7 @@ class Router:
         ]
         ok = True
         events = first.count(b"data:")
+        last = first
         try:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": first, "more_body": True})
@@ -535,6 +536,7 @@ class Router:
                         ok = False
                         break
                     events += chunk.count(b"data:")
+                    last = chunk
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except UpstreamError as e:
                 ok = False
@@ -551,8 +553,7 @@ class Router:
         finally:
             await chunks.aclose()
             gone.cancel()
-        # Output tokens ≈ content events: all `data:` events but the final `[DONE]`.
-        tokens = events - 1
+        tokens = _stream_tokens(last, events)
         e2e = time.perf_counter() - received
         tpot = (e2e - ttft) / (tokens - 1) if tokens > 1 else None
         return _Outcome(True, ok, 200, ttft_s=ttft, tpot_s=tpot)
@@ -568,6 +569,24 @@ def _engine_tpot(data: bytes) -> float | None:
         return float(value) / 1000.0 if isinstance(value, int | float) and value > 0 else None
     except (ValueError, AttributeError, TypeError):
         return None
+
+
+def _stream_tokens(tail: bytes, events: int) -> int:
+    """A stream's output tokens: the engine's count in its last event (`usage` when the
+    client asked for it, llama.cpp's `timings`), else the `data:` events but `[DONE]`."""
+    at = tail.rfind(b"data: {")
+    if at >= 0 and (b'"completion_tokens"' in tail or b'"predicted_n"' in tail):
+        try:
+            event = json.loads(tail[at + 6 :].split(b"\n\n", 1)[0])
+            usage = event.get("usage") or {}
+            count = usage.get("completion_tokens") or (event.get("timings") or {}).get(
+                "predicted_n"
+            )
+            if isinstance(count, int) and count >= 0:
+                return count
+        except (ValueError, AttributeError):
+            pass
+    return events - 1
 
 
 async def _answer(

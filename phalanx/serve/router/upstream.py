@@ -68,15 +68,22 @@ class Response:
         # timeout around the yields would cancel the caller's own awaits).
         try:
             if self.headers.get(b"transfer-encoding", b"").lower() == b"chunked":
+                # Decode every whole chunk already received, hand them over as one piece
+                # (a stream's events that arrived together cost one send), then read on.
+                buffer = b""
                 while True:
+                    pieces, buffer, done = _dechunk(buffer)
+                    if pieces:
+                        yield pieces
+                    if done:
+                        if buffer:  # bytes past the answer's end: do not reuse
+                            self._keep = False
+                        break
                     async with asyncio.timeout(t):
-                        line = await reader.readuntil(b"\r\n")
-                        size = int(line.split(b";", 1)[0], 16)
-                        if size == 0:
-                            await reader.readuntil(b"\r\n")  # no trailers from the engines
-                            break
-                        data = await reader.readexactly(size + 2)
-                    yield data[:-2]
+                        data = await reader.read(256 * 1024)
+                    if not data:
+                        raise asyncio.IncompleteReadError(buffer, None)
+                    buffer += data
             elif b"content-length" in self.headers:
                 left = int(self.headers[b"content-length"])
                 while left > 0:
@@ -117,6 +124,37 @@ class Response:
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()
+
+
+def _dechunk(buffer: bytes) -> tuple[bytes, bytes, bool]:
+    """(the payload of the whole chunks at the start of `buffer`, what is left, whether the
+    last chunk and the trailers were among them). ValueError on bad framing."""
+    out: list[bytes] = []
+    at = 0
+    n = len(buffer)
+    while True:
+        eol = buffer.find(b"\r\n", at)
+        if eol < 0:
+            if n - at > MAX_HEAD_BYTES:
+                raise ValueError("a chunk size line without an end")
+            break
+        size = int(buffer[at:eol].split(b";", 1)[0], 16)
+        if size < 0 or size > MAX_BODY_BYTES:
+            raise ValueError(f"a chunk of {size} bytes")
+        if size == 0:
+            # The last chunk, then trailers (if any) up to an empty line.
+            end = buffer.find(b"\r\n\r\n", eol)
+            if end < 0:
+                break
+            return b"".join(out), buffer[end + 4 :], True
+        start = eol + 2
+        if n < start + size + 2:
+            break
+        if buffer[start + size : start + size + 2] != b"\r\n":
+            raise ValueError("a chunk not followed by CRLF")
+        out.append(buffer[start : start + size])
+        at = start + size + 2
+    return b"".join(out), buffer[at:], False
 
 
 class Upstream:
