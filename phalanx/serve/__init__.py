@@ -1,0 +1,1 @@
+"""Serving: replica pools of real inference engines, the router, the autoscaler (docs/serving.md)."""
