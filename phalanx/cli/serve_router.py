@@ -10,10 +10,11 @@ from typing import Annotated
 
 import typer
 
-from phalanx.api.serving import Policy
+from phalanx.api.serving import Engine, Policy
 from phalanx.serve.router.server import RouterOptions, RouterSetupError, serve
 
 POLICIES = ("round-robin", "least-load", "power-of-two", "kv-aware")
+ENGINES: tuple[Engine, ...] = ("llama.cpp", "vllm", "custom")
 
 
 def _read_secret(path: Path | None, what: str) -> str | None:
@@ -80,6 +81,26 @@ def serve_router(
         list[str] | None,
         typer.Option(
             help="A replica's URL instead of a deployment (repeatable).", show_default=False
+        ),
+    ] = None,
+    prefill: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A prefill replica's URL (repeatable; with --decode).", show_default=False
+        ),
+    ] = None,
+    decode: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A decode replica's URL (repeatable; with --prefill).", show_default=False
+        ),
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            help="With fixed replicas: llama.cpp, vllm or custom (default: custom, llama.cpp "
+            "with --prefill/--decode).",
+            show_default=False,
         ),
     ] = None,
     engine_key_file: Annotated[
@@ -161,6 +182,9 @@ def serve_router(
         token=token,
         ca=ca,
         replicas=list(replica or []),
+        prefill=list(prefill or []),
+        decode=list(decode or []),
+        engine=_engine(engine),
         engine_key=_read_secret(engine_key_file, "an API key") or engine_key,
         served_model_name=served_model_name,
         policy=_policy(policy),
@@ -180,6 +204,15 @@ def serve_router(
     except RouterSetupError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+
+
+def _engine(name: str | None) -> Engine | None:
+    for e in ENGINES:
+        if e == name:
+            return e
+    if name is not None:
+        raise typer.BadParameter(f"--engine must be one of {', '.join(ENGINES)}")
+    return None
 
 
 def _policy(name: str | None) -> Policy | None:

@@ -25,6 +25,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from phalanx.serve.router.access import Audience, HeadUnreachable, RateLimits, TokenCache
+from phalanx.serve.router.answers import JSON_TYPE, ApiError, answer
 from phalanx.serve.router.disagg import Disagg
 from phalanx.serve.router.metrics import CONTENT_TYPE, RouterMetrics
 from phalanx.serve.router.policies import RouteRequest, RoutingPolicy, make_policy
@@ -38,32 +39,6 @@ log = logging.getLogger("phalanx.serve.router")
 COMPLETIONS = ("/v1/completions", "/v1/chat/completions")
 DEFAULT_MAX_BODY = 4 * 1024 * 1024
 DEFAULT_MAX_DEPTH = 32
-JSON_TYPE = b"application/json"
-
-
-class ApiError(Exception):
-    """An answer in OpenAI's error shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        kind: str = "invalid_request_error",
-        code: str | None = None,
-        param: str | None = None,
-        headers: tuple[tuple[bytes, bytes], ...] = (),
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.kind = kind
-        self.code = code
-        self.param = param
-        self.headers = headers
-
-    def body(self) -> bytes:
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
-        return json.dumps({"error": error}).encode()
 
 
 def _depth_ok(value: Any, limit: int) -> bool:
@@ -186,7 +161,7 @@ class Router:
                 ready = sum(self.replicas.ready(p) for p in self.replicas.pools)
                 status = 200 if ready else 503
                 body = json.dumps({"status": "ok" if ready else "no replica ready"}).encode()
-                await _answer(send, status, body)
+                await answer(send, status, body)
             elif path == "/v1/models":
                 await self._authorize(scope)
                 model = {
@@ -195,21 +170,21 @@ class Router:
                     "created": 0,
                     "owned_by": "phalanx",
                 }
-                await _answer(send, 200, json.dumps({"object": "list", "data": [model]}).encode())
+                await answer(send, 200, json.dumps({"object": "list", "data": [model]}).encode())
             elif path == "/metrics":
                 await self._authorize(scope)
-                await _answer(send, 200, self.metrics.exposition(), CONTENT_TYPE)
+                await answer(send, 200, self.metrics.exposition(), CONTENT_TYPE)
             else:
                 raise ApiError(404, f"no route {method} {path}", code="not_found")
         except ApiError as e:
             if path in COMPLETIONS:
                 self._count(path, e.status)
-            await _answer(send, e.status, e.body(), JSON_TYPE, e.headers)
+            await answer(send, e.status, e.body(), JSON_TYPE, e.headers)
         except Exception:
             # A bug must not take the router down: log it, answer 500 if still possible.
             log.exception("%s %s failed", method, path)
             error = ApiError(500, "internal error in the router (logged)", "server_error")
-            await _answer(send, 500, error.body())
+            await answer(send, 500, error.body())
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         stop: Callable[[], Awaitable[None]] | None = None
@@ -403,7 +378,7 @@ class Router:
                 "server_error",
                 "upstream_error",
             )
-            await _answer(send, error.status, error.body())
+            await answer(send, error.status, error.body())
             return
         self._count(path, outcome.status)
         stats.ended(pool, outcome.ok, outcome.ttft_s, outcome.tpot_s)
@@ -504,7 +479,7 @@ class Router:
         except UpstreamError as e:
             return _Outcome(False, False, 502, f"unreachable: {e}")
         if response.status != 200:  # the engine's own refusal (4xx): passed on as is
-            await _answer(send, response.status, data, response.content_type)
+            await answer(send, response.status, data, response.content_type)
             return _Outcome(True, False, response.status)
         chunks = response.chunks()
         try:
@@ -587,16 +562,3 @@ def _stream_tokens(tail: bytes, events: int) -> int:
         except (ValueError, AttributeError):
             pass
     return events - 1
-
-
-async def _answer(
-    send: Send,
-    status: int,
-    body: bytes,
-    content_type: bytes = JSON_TYPE,
-    extra: tuple[tuple[bytes, bytes], ...] = (),
-) -> None:
-    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
-    headers.extend(extra)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

@@ -6,65 +6,37 @@ hand-off once that request has ended."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Receive, Scope, Send
 
-from phalanx.api.serving import Endpoint
+from phalanx.serve.handoff import Handoff, HandoffError
+from phalanx.serve.router.answers import ApiError, answer
 from phalanx.serve.router.policies import LeastLoad, RouteRequest
 from phalanx.serve.router.upstream import UpstreamError
 
 if TYPE_CHECKING:
     from phalanx.serve.router.app import Router
 
-Post = Callable[[str, str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]]]
-
-
-class PreparedLike(Protocol):
-    @property
-    def body(self) -> dict[str, Any]: ...
-    @property
-    def release(self) -> Callable[[], Awaitable[None]]: ...
-
-
-class HandoffLike(Protocol):
-    """disagg's `Handoff` as serving.md fixes it."""
-
-    def set_replicas(self, endpoints: Sequence[Endpoint]) -> None: ...
-
-    async def prefill(
-        self, post: Post, prefill: Endpoint, decode: Endpoint, path: str, body: dict[str, Any]
-    ) -> PreparedLike: ...
-
 
 class Disagg:
     def __init__(self, router: Router) -> None:
         self.router = router
-        self._handoff: HandoffLike | None = None
-        self._handoff_error: type[Exception] = Exception
-        self._engine: str | None = None
+        self._handoff: Handoff | None = None
         self._decode_policy = LeastLoad()
         self._replicas_seen: object = None
 
-    def handoff(self) -> HandoffLike:
+    def handoff(self) -> Handoff:
         eps = self.router.replicas.endpoints
         engine = eps.engine if eps else "llama.cpp"
-        if self._handoff is None or self._engine != engine:
-            from phalanx.serve.router.app import ApiError
-
-            try:
-                module = importlib.import_module("phalanx.serve.handoff")
-            except ImportError:
+        if self._handoff is None or self._handoff.engine != engine:
+            if engine == "custom":
                 raise ApiError(
-                    501, "disaggregated serving needs phalanx.serve.handoff", "server_error"
-                ) from None
-            self._handoff = module.Handoff(engine)
-            self._handoff_error = module.HandoffError
-            self._engine = engine
+                    501, "a custom engine has no prefill → decode hand-off", "server_error"
+                )
+            self._handoff = Handoff(engine)
             self._replicas_seen = None
         if eps is not None and self._replicas_seen is not eps:
             self._handoff.set_replicas(eps.endpoints)
@@ -95,8 +67,6 @@ class Disagg:
         hashes: tuple[bytes, ...],
         received: float,
     ) -> None:
-        from phalanx.serve.router.app import ApiError, _answer
-
         router = self.router
         handoff = self.handoff()
         tried: set[str] = set()
@@ -119,15 +89,24 @@ class Disagg:
                     prepared = await handoff.prefill(
                         self.post, prefill.endpoint, decode.endpoint, path, body
                     )
-                except (self._handoff_error, UpstreamError) as e:
+                except HandoffError as e:
+                    router.stats.ended("prefill", False)
+                    if e.status != 502:  # a request it cannot carry, or no free slot
+                        raise ApiError(
+                            e.status,
+                            f"hand-off: {e}",
+                            "server_error" if e.status >= 500 else "invalid_request_error",
+                        ) from None
+                    # Either replica may have failed: try another pair without both.
                     reason = f"hand-off: {e}"
                     tried.update((prefill.endpoint.url, decode.endpoint.url))
-                    router.stats.ended("prefill", False)
-                    router._replica_failed(prefill, reason)
+                    router.metrics.errors.labels("hand-off").inc()
+                    router.on_replica_error()
                     continue
                 finally:
                     prefill.in_flight -= 1
                 router.stats.ended("prefill", True, time.perf_counter() - started)
+                router.metrics.handoff.observe(time.perf_counter() - started)
                 router.stats.queued("prefill", -1)
                 queued = False
                 try:
@@ -142,4 +121,4 @@ class Disagg:
             if queued:
                 router.stats.queued("prefill", -1)
         error = ApiError(502, f"no replica could answer: {reason}", "server_error")
-        await _answer(send, error.status, error.body())
+        await answer(send, error.status, error.body())

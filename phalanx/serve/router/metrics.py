@@ -99,6 +99,12 @@ class RouterMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.handoff = Histogram(
+            "phalanx_router_handoff_seconds",
+            "Prefill → decode hand-off (slot waits, prefill, KV save and restore)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.in_flight = Gauge(
             "phalanx_router_in_flight", "Requests being answered now", registry=r
         )

@@ -15,7 +15,7 @@ import httpx
 import uvicorn
 from pydantic import ValidationError
 
-from phalanx.api.serving import Endpoint, Endpoints, Policy
+from phalanx.api.serving import Endpoint, Endpoints, Engine, Policy, PoolRole
 from phalanx.serve.router.access import Audience, HeadUnreachable, RateLimits, TokenCache
 from phalanx.serve.router.app import DEFAULT_MAX_BODY, Router, RouterConfig
 from phalanx.serve.router.headlink import HeadError, HeadLink
@@ -41,6 +41,9 @@ class RouterOptions:
     token: str | None = None  # the router's own token (reads the deployment's endpoints)
     ca: str | None = None
     replicas: list[str] = field(default_factory=list)  # fixed replicas instead of a head
+    prefill: list[str] = field(default_factory=list)  # fixed disaggregated pools
+    decode: list[str] = field(default_factory=list)
+    engine: Engine | None = None  # fixed replicas: default custom (llama.cpp if disaggregated)
     engine_key: str | None = None
     served_model_name: str | None = None
     policy: Policy | None = None
@@ -58,17 +61,23 @@ class RouterOptions:
 
 
 def _fixed_endpoints(options: RouterOptions, model: str) -> Endpoints:
+    pools: list[tuple[PoolRole, str]] = [
+        *(("aggregated", url) for url in options.replicas),
+        *(("prefill", url) for url in options.prefill),
+        *(("decode", url) for url in options.decode),
+    ]
+    disaggregated = bool(options.prefill)
     return Endpoints(
         name="replicas",
         served_model_name=model,
-        engine="custom",
+        engine=options.engine or ("llama.cpp" if disaggregated else "custom"),
         policy=options.policy or "kv-aware",
         block_chars=options.block_chars or 256,
         generation=0,
         engine_key=options.engine_key or "-",
         endpoints=[
-            Endpoint(job_id=i + 1, pool="aggregated", url=url, slots=options.slots, generation=0)
-            for i, url in enumerate(options.replicas)
+            Endpoint(job_id=i + 1, pool=pool, url=url, slots=options.slots, generation=0)
+            for i, (pool, url) in enumerate(pools)
         ],
     )
 
@@ -89,10 +98,15 @@ async def _discover_model(url: str, key: str | None) -> str:
 
 def build(options: RouterOptions, clock: Callable[[], float] = time.monotonic) -> Router:
     """The gateway app; its lifespan starts the endpoint refresh (head mode)."""
-    if not options.replicas and not (options.head and options.deployment):
-        raise RouterSetupError("give --head and --deployment, or --replica URL (repeatable)")
-    if options.replicas and options.deployment:
-        raise RouterSetupError("--replica and --deployment exclude each other")
+    fixed = options.replicas or options.prefill or options.decode
+    if not fixed and not (options.head and options.deployment):
+        raise RouterSetupError(
+            "give --head and --deployment, or --replica URL (or --prefill and --decode URLs)"
+        )
+    if fixed and options.deployment:
+        raise RouterSetupError("fixed replicas and --deployment exclude each other")
+    if bool(options.prefill) != bool(options.decode) or (options.prefill and options.replicas):
+        raise RouterSetupError("give --replica URLs, or both --prefill and --decode URLs")
     if options.deployment and not options.token:
         raise RouterSetupError("the router needs its token (--token-file) to read endpoints")
     if not options.head and not options.no_auth:
@@ -100,7 +114,7 @@ def build(options: RouterOptions, clock: Callable[[], float] = time.monotonic) -
             "without --head nothing can check client tokens: give --head URL (and --owner/"
             "--team with --replica), or --no-auth to serve anyone who can reach the router"
         )
-    if options.replicas and options.head and not (options.owner or options.team):
+    if fixed and options.head and not (options.owner or options.team):
         raise RouterSetupError("with --replica and --head, say who may call: --owner, --team")
     index = PrefixIndex(options.max_blocks)
     replicas = ReplicaSet(index, clock, read_timeout_s=options.read_timeout_s)
@@ -130,9 +144,9 @@ def build(options: RouterOptions, clock: Callable[[], float] = time.monotonic) -
 
     async def startup() -> Callable[[], Awaitable[None]]:
         nonlocal audience
-        if link is None or options.replicas:
+        if link is None or fixed:
             model = options.served_model_name or await _discover_model(
-                options.replicas[0], options.engine_key
+                [*options.replicas, *options.decode][0], options.engine_key
             )
             router.config = _with_model(router.config, model)
             publish(_fixed_endpoints(options, model))
