@@ -148,8 +148,10 @@ async def latency(url: str, n: int, stream: bool) -> dict[str, float]:
     }
 
 
-async def _load(url: str, concurrency: int, seconds: float, stream: bool) -> float:
-    """Requests per second over `seconds` with `concurrency` requests outstanding."""
+async def _load(
+    url: str, concurrency: int, seconds: float, stream: bool
+) -> tuple[int, float]:
+    """(requests answered, seconds) with `concurrency` requests outstanding."""
     up = Upstream(url, "bench")
     await _one(up, stream)
     done = 0
@@ -165,7 +167,7 @@ async def _load(url: str, concurrency: int, seconds: float, stream: bool) -> flo
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
     up.close()
-    return done / elapsed
+    return done, elapsed
 
 
 def _load_process(url: str, concurrency: int, seconds: float, stream: bool, out: Any) -> None:
@@ -178,7 +180,10 @@ def _load_process(url: str, concurrency: int, seconds: float, stream: bool, out:
     out.put(asyncio.run(_load(url, concurrency, seconds, stream)))
 
 
-def throughput(url: str, concurrency: int, clients: int, seconds: float, stream: bool) -> float:
+def throughput(
+    url: str, concurrency: int, clients: int, seconds: float, stream: bool
+) -> tuple[float, int]:
+    """(requests per second, requests) over `clients` processes."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [
@@ -188,10 +193,10 @@ def throughput(url: str, concurrency: int, clients: int, seconds: float, stream:
     for p in procs:
         p.start()
     # Each process's rate over its own run (they start within a fraction of a second).
-    total = sum(float(out.get(timeout=seconds + 60)) for _ in procs)
+    runs = [out.get(timeout=seconds + 60) for _ in procs]
     for p in procs:
         p.join()
-    return round(total, 1)
+    return round(sum(done / elapsed for done, elapsed in runs), 1), sum(d for d, _ in runs)
 
 
 # ---------------------------------------------------------------------- the run
@@ -204,6 +209,12 @@ def free_port() -> int:
 def cpu_times() -> tuple[int, int]:
     values = [int(v) for v in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
     return sum(values), values[7]
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_port(port: int, timeout_s: float = 20.0) -> None:
@@ -255,12 +266,16 @@ def main() -> None:
             side["latency_c1_stream"] = asyncio.run(latency(url, args.requests, True))
         for name, url in (("direct", direct), ("router", routed)):
             side = result[name]
-            side["throughput_rps"] = throughput(
-                url, args.concurrency, args.clients, args.seconds, False
-            )
-            side["throughput_rps_stream"] = throughput(
-                url, args.concurrency, args.clients, args.seconds, True
-            )
+            for key, stream in (("", False), ("_stream", True)):
+                cpu = process_cpu_s(router.pid)
+                rps, done = throughput(url, args.concurrency, args.clients, args.seconds, stream)
+                side["throughput_rps" + key] = rps
+                if name == "router":
+                    # The router's own CPU per request: what it costs whatever the others
+                    # sharing the machine do (1e6 / this = requests/s one core can route).
+                    side["router_cpu_us_per_request" + key] = round(
+                        (process_cpu_s(router.pid) - cpu) / done * 1e6, 1
+                    )
         t1, s1 = cpu_times()
         d, r = result["direct"], result["router"]
         result["overhead_p50_ms"] = round(r["latency_c1"]["p50_ms"] - d["latency_c1"]["p50_ms"], 3)
