@@ -148,9 +148,7 @@ async def latency(url: str, n: int, stream: bool) -> dict[str, float]:
     }
 
 
-async def _load(
-    url: str, concurrency: int, seconds: float, stream: bool
-) -> tuple[int, float]:
+async def _load(url: str, concurrency: int, seconds: float, stream: bool) -> tuple[int, float]:
     """(requests answered, seconds) with `concurrency` requests outstanding."""
     up = Upstream(url, "bench")
     await _one(up, stream)

@@ -199,6 +199,7 @@ def serve_router(
         retries=retries,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per token check otherwise
     try:
         serve(options, host, port)
     except RouterSetupError as e:

@@ -24,6 +24,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from phalanx.api.serving import Policy
 from phalanx.serve.router.access import Audience, HeadUnreachable, RateLimits, TokenCache
 from phalanx.serve.router.answers import JSON_TYPE, ApiError, answer
 from phalanx.serve.router.disagg import Disagg
@@ -63,7 +64,7 @@ class RouterConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY
     max_json_depth: int = DEFAULT_MAX_DEPTH
     retries: int = 2  # other replicas tried after the first fails (before any byte)
-    policy: str | None = None  # None: the deployment's own (Endpoints.policy)
+    policy: Policy | None = None  # None: the deployment's own (Endpoints.policy)
     block_chars: int | None = None  # None: the deployment's own
 
 
@@ -115,7 +116,7 @@ class Router:
         eps = self.replicas.endpoints
         name = self.config.policy or (eps.policy if eps else "kv-aware")
         if self._policy is None or self._policy.name != name:
-            self._policy = make_policy(name, self.index)  # type: ignore[arg-type]
+            self._policy = make_policy(name, self.index)
         return self._policy
 
     def block_chars(self) -> int:

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import httpx
 import uvicorn
@@ -216,16 +216,7 @@ def _model(replicas: ReplicaSet) -> str:
 
 
 def _with_model(config: RouterConfig, model: str) -> RouterConfig:
-    if config.served_model_name == model:
-        return config
-    return RouterConfig(
-        served_model_name=model,
-        max_body_bytes=config.max_body_bytes,
-        max_json_depth=config.max_json_depth,
-        retries=config.retries,
-        policy=config.policy,
-        block_chars=config.block_chars,
-    )
+    return config if config.served_model_name == model else replace(config, served_model_name=model)
 
 
 def serve(options: RouterOptions, host: str, port: int) -> None:
