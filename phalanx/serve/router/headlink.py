@@ -55,7 +55,7 @@ class HeadLink:
 
     async def audience(self, name: str) -> Audience:
         info = DeploymentInfo.model_validate_json(await self._json(f"/v1/serve/deployments/{name}"))
-        return Audience(owner=info.owner, team=info.spec.team)
+        return Audience(owner=info.owner, team=info.team or info.spec.team)
 
     async def _json(self, path: str) -> bytes:
         r = await self._get(path, self._token)
