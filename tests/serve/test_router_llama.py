@@ -5,11 +5,13 @@ hostile input."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,10 +21,14 @@ from typing import Any
 
 import httpx
 import pytest
+import uvicorn
 
 from phalanx.api.models import TeamSpec, UserCreate
 from phalanx.local import LocalCluster
 from phalanx.local.cluster import free_port
+from phalanx.serve.router.app import Router
+from phalanx.serve.router.server import RouterOptions, build
+from phalanx.serve.router.stats import PoolWindow
 from phalanx.testing.engines import llama_server, smollm2
 
 KEY = "engine-secret-key"
@@ -326,3 +332,44 @@ def test_hostile_input_gets_openai_errors_and_the_router_keeps_serving(setup: Se
     assert ok.status_code == 200
     assert setup.routers["least-load"].proc.poll() is None
     assert "Traceback" not in setup.routers["least-load"].tail()
+
+
+def test_stats_window_in_a_running_router_measures_ttft_and_tpot(setup: Setup) -> None:
+    """`build(background=…)` runs beside the router (as the autoscaler does) and reads
+    `router.stats.window` while real requests go through it."""
+    seen: list[PoolWindow] = []
+
+    async def watch(router: Router) -> None:
+        while True:
+            seen.append(router.stats.window("aggregated", 300.0))
+            await asyncio.sleep(0.02)
+
+    options = RouterOptions(
+        replicas=[r.url for r in setup.replicas], engine_key=KEY, no_auth=True,
+        served_model_name=MODEL, policy="least-load",
+    )  # fmt: skip
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(build(options, background=[watch]), port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        body = {"prompt": "Count: one, two,", "max_tokens": 6, "temperature": 0}
+        assert complete(url, body).status_code == 200
+        assert complete(url, {**body, "stream": True}).status_code == 200
+        assert complete(url, {"prompt": 5}).status_code == 400  # refused: not a request
+        time.sleep(0.2)
+        window = seen[-1]
+        assert (window.requests, window.errors, window.in_flight) == (2, 0, 0)
+        assert window.replicas_ready == 2
+        assert len(window.ttft_ms) == 2 and all(t > 0 for t in window.ttft_ms)
+        # The stream's TPOT from its events; the whole answer's from llama.cpp's timings.
+        assert len(window.tpot_ms) == 2 and all(t > 0 for t in window.tpot_ms)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

@@ -8,8 +8,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import httpx
 import uvicorn
@@ -96,8 +97,13 @@ async def _discover_model(url: str, key: str | None) -> str:
         ) from None
 
 
-def build(options: RouterOptions, clock: Callable[[], float] = time.monotonic) -> Router:
-    """The gateway app; its lifespan starts the endpoint refresh (head mode)."""
+def build(
+    options: RouterOptions,
+    clock: Callable[[], float] = time.monotonic,
+    background: Sequence[Callable[[Router], Coroutine[Any, Any, None]]] = (),
+) -> Router:
+    """The gateway app; its lifespan starts the endpoint refresh (head mode) and each of
+    `background` (e.g. the SLO autoscaler reading `router.stats`), cancelled at shutdown."""
     fixed = options.replicas or options.prefill or options.decode
     if not fixed and not (options.head and options.deployment):
         raise RouterSetupError(
@@ -144,36 +150,40 @@ def build(options: RouterOptions, clock: Callable[[], float] = time.monotonic) -
 
     async def startup() -> Callable[[], Awaitable[None]]:
         nonlocal audience
+        tasks: list[asyncio.Task[None]] = []
         if link is None or fixed:
             model = options.served_model_name or await _discover_model(
                 [*options.replicas, *options.decode][0], options.engine_key
             )
             router.config = _with_model(router.config, model)
             publish(_fixed_endpoints(options, model))
-
-            async def close_link() -> None:
-                if link is not None:
-                    await link.aclose()
-
-            return close_link
-        assert options.deployment is not None
-        name = options.deployment
-        try:
-            publish(await link.endpoints(name))
-            audience = await link.audience(name)
-            router.config = _with_model(router.config, _model(replicas))
-        except (HeadError, ValidationError) as e:
-            await link.aclose()
-            raise RouterSetupError(str(e)) from None
-        except HeadUnreachable as e:
-            log.warning("%s; retrying in the background", e)
-        task = asyncio.create_task(refresh_loop(link, name))
+        else:
+            assert options.deployment is not None
+            name = options.deployment
+            try:
+                publish(await link.endpoints(name))
+                audience = await link.audience(name)
+                router.config = _with_model(router.config, _model(replicas))
+            except (HeadError, ValidationError) as e:
+                await link.aclose()
+                raise RouterSetupError(str(e)) from None
+            except HeadUnreachable as e:
+                log.warning("%s; retrying in the background", e)
+            tasks.append(asyncio.create_task(refresh_loop(link, name)))
+        tasks.extend(asyncio.create_task(job(router)) for job in background)
 
         async def stop() -> None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await link.aclose()
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+                except Exception:
+                    log.exception("a router task failed")
+            if link is not None:
+                await link.aclose()
 
         return stop
 
@@ -219,9 +229,14 @@ def _with_model(config: RouterConfig, model: str) -> RouterConfig:
     return config if config.served_model_name == model else replace(config, served_model_name=model)
 
 
-def serve(options: RouterOptions, host: str, port: int) -> None:
-    """Run the router until SIGINT/SIGTERM."""
-    app = build(options)
+def serve(
+    options: RouterOptions,
+    host: str,
+    port: int,
+    background: Sequence[Callable[[Router], Coroutine[Any, Any, None]]] = (),
+) -> None:
+    """Run the router until SIGINT/SIGTERM (with `background` tasks, as `build`)."""
+    app = build(options, background=background)
     loop = "uvloop" if _has("uvloop") else "asyncio"
     http = "httptools" if _has("httptools") else "h11"
     uvicorn.run(
