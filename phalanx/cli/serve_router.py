@@ -167,6 +167,9 @@ def serve_router(
     retries: Annotated[
         int, typer.Option(min=0, max=16, help="Other replicas tried when one fails.")
     ] = 2,
+    max_in_flight: Annotated[
+        int, typer.Option(min=1, max=1_000_000, help="Requests answered at once (more: 503).")
+    ] = 4096,
 ) -> None:
     """Serve the OpenAI API (`/v1/completions`, `/v1/chat/completions`, `/v1/models`) in
     front of a deployment's replicas, with Phalanx tokens, per-team rate limits and a
@@ -197,6 +200,7 @@ def serve_router(
         default_rate=default_rate_limit,
         max_body_bytes=max_body_bytes,
         retries=retries,
+        max_in_flight=max_in_flight,
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per token check otherwise

@@ -72,13 +72,13 @@ def metric(text: str, name: str, labels: str = "") -> float:
     raise AssertionError(f"no {name} {labels} in the metrics")
 
 
-def _wait_busy(replica: Proc, timeout_s: float = 30.0) -> None:
-    """Until the replica is generating (its slots say so)."""
+def _wait_busy(replica: Proc, slots: int = 1, timeout_s: float = 30.0) -> None:
+    """Until `slots` of the replica's slots are processing a request."""
     deadline = time.monotonic() + timeout_s
     headers = {"Authorization": f"Bearer {KEY}"}
     while time.monotonic() < deadline:
-        slots = httpx.get(replica.url + "/slots", headers=headers, timeout=5).json()
-        if any(s.get("is_processing") for s in slots):
+        answer = httpx.get(replica.url + "/slots", headers=headers, timeout=5).json()
+        if sum(1 for s in answer if s.get("is_processing")) >= slots:
             return
         time.sleep(0.01)
     raise AssertionError("the replica never started generating")
@@ -135,6 +135,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
                     ("kv-aware", ["--block-chars", "64"]),
                 )
             }
+            routers["tight"] = start_router(logs, *fixed, "--no-auth", "--max-in-flight", "1")
             routers["auth"] = start_router(
                 logs, *fixed, "--head", head.url, "--owner", "alice", "--team", "ml",
                 "--rate-limit", "ml=0.2", "--served-model-name", MODEL,
@@ -184,6 +185,13 @@ def events(text: str) -> list[Any]:
             event.pop(volatile, None)
         out.append(event)
     return out
+
+
+def text_of(event: Any) -> str:
+    if not isinstance(event, dict) or not event.get("choices"):
+        return ""
+    choice = event["choices"][0]
+    return str(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
 
 
 GREEDY = {"temperature": 0, "max_tokens": 8}
@@ -255,28 +263,44 @@ def test_kv_aware_sends_a_repeated_prefix_to_the_same_replica(setup: Setup) -> N
 def test_a_replica_killed_under_load_fails_no_request(setup: Setup) -> None:
     victim = start_replica(setup.logs)
     router = start_router(
-        setup.logs, "--replica", setup.replicas[1].url, "--replica", victim.url,
+        setup.logs, "--replica", victim.url, "--replica", setup.replicas[1].url,
         "--no-auth", "--policy", "round-robin",
     )  # fmt: skip
     try:
         _wait_ready(victim, "/health")
         _wait_ready(router, "/health")
         body = {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}
-        started = time.monotonic()
-        with ThreadPoolExecutor(8) as pool:
-            futures = [pool.submit(complete, router.url, body) for _ in range(8)]
-            _wait_busy(victim)  # requests are being generated on the victim now
-            victim.proc.send_signal(signal.SIGKILL)
-            answers = [f.result() for f in futures]
-        print("killed after", time.monotonic() - started)
+        long = {
+            "model": MODEL,
+            "prompt": "Count:",
+            "max_tokens": 1000,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        # A long stream from the victim (round-robin's first) keeps one of its slots busy.
+        with httpx.stream("POST", router.url + "/v1/completions",
+                          json={**long, "stream": True}, timeout=60) as stream:  # fmt: skip
+            assert stream.headers["x-phalanx-replica"] == "1"
+            chunks = stream.iter_bytes()
+            received = next(chunks)
+            with ThreadPoolExecutor(8) as pool:
+                futures = [pool.submit(complete, router.url, body) for _ in range(8)]
+                _wait_busy(victim, slots=2)  # a whole request is in flight there too
+                victim.proc.send_signal(signal.SIGKILL)
+                answers = [f.result() for f in futures]
+            received += b"".join(chunks)
         assert [a.status_code for a in answers] == [200] * 8
         texts = {a.json()["choices"][0]["text"] for a in answers}
         assert len(texts) == 1  # every answer is the same greedy text, whoever produced it
+        # The stream had begun: never sent again, it ends with an error event.
+        got = events(received.decode())
+        assert "[DONE]" not in got and "error" in got[-1]
+        assert sum(1 for e in got if text_of(e)) < 1000
         after = [complete(router.url, body) for _ in range(3)]
         assert [a.status_code for a in after] == [200] * 3
         metrics = httpx.get(router.url + "/metrics").text
-        assert metric(metrics, "phalanx_router_replica_failures", 'replica="2"') >= 1
-        assert metric(metrics, "phalanx_router_replica_failures", 'replica="1"') == 0
+        assert metric(metrics, "phalanx_router_replica_failures", 'replica="1"') >= 1
+        assert metric(metrics, "phalanx_router_replica_failures", 'replica="2"') == 0
         assert metric(metrics, "phalanx_router_retries_total") >= 1
     finally:
         router.stop()
@@ -304,6 +328,33 @@ def test_auth_owner_team_and_admin_only_with_team_rate_limits(setup: Setup) -> N
     assert httpx.get(url + "/metrics").status_code == 401
     assert KEY not in setup.routers["auth"].tail()
     assert setup.tokens["alice"] not in setup.routers["auth"].tail()
+
+
+def test_requests_past_max_in_flight_get_503_until_one_ends(setup: Setup) -> None:
+    router = setup.routers["tight"]
+    long = {
+        "model": MODEL,
+        "prompt": "Count:",
+        "max_tokens": 1000,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    with httpx.stream("POST", router.url + "/v1/completions", json={**long, "stream": True},
+                      timeout=60) as first:  # fmt: skip
+        assert first.status_code == 200
+        chunks = first.iter_bytes()  # (held: a dropped iterator closes the stream)
+        next(chunks)  # it is being answered now (for seconds)
+        busy = complete(router.url, {"prompt": "Hi", "max_tokens": 1})
+        assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
+        assert busy.json()["error"]["code"] == "overloaded"
+    # The client left mid-stream: the router drops the replica's stream and frees its place.
+    deadline = time.monotonic() + 20
+    while (r := complete(router.url, {"prompt": "Hi", "max_tokens": 1})).status_code == 503:
+        assert time.monotonic() < deadline, "the abandoned stream was never let go"
+        time.sleep(0.05)
+    assert r.status_code == 200
+    metrics = httpx.get(router.url + "/metrics").text
+    assert metric(metrics, "phalanx_router_in_flight") == 0
 
 
 def test_hostile_input_gets_openai_errors_and_the_router_keeps_serving(setup: Setup) -> None:

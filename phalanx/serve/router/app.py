@@ -64,6 +64,7 @@ class RouterConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY
     max_json_depth: int = DEFAULT_MAX_DEPTH
     retries: int = 2  # other replicas tried after the first fails (before any byte)
+    max_in_flight: int = 4096  # completions being answered at once; more get 503
     policy: Policy | None = None  # None: the deployment's own (Endpoints.policy)
     block_chars: int | None = None  # None: the deployment's own
 
@@ -104,6 +105,7 @@ class Router:
         self._lifespan_hook = lifespan
         self.metrics = RouterMetrics(self._replica_rows)
         self._policy: RoutingPolicy | None = None
+        self._active = 0  # completions being answered
         self.disagg = Disagg(self)
         self._req = {
             (route, code): self.metrics.requests.labels(route, str(code))
@@ -313,6 +315,24 @@ class Router:
 
     async def _complete(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         received = time.perf_counter()
+        if self._active >= self.config.max_in_flight:
+            # Bounded work (and memory): the engines' queues are the place to wait.
+            raise ApiError(
+                503,
+                f"the router is answering {self._active} requests, its limit: retry shortly",
+                "server_error",
+                "overloaded",
+                headers=((b"retry-after", b"1"),),
+            )
+        self._active += 1
+        try:
+            await self._complete_one(scope, receive, send, path, received)
+        finally:
+            self._active -= 1
+
+    async def _complete_one(
+        self, scope: Scope, receive: Receive, send: Send, path: str, received: float
+    ) -> None:
         team = await self._authorize(scope)
         wait = self.limits.take(team)
         if wait is not None:
@@ -509,6 +529,10 @@ class Router:
             try:
                 async for chunk in chunks:
                     if gone.done():
+                        log.info(
+                            "client left mid-stream (%s): dropping the replica's stream",
+                            gone.result().get("type") if not gone.cancelled() else "?",
+                        )
                         ok = False
                         break
                     events += chunk.count(b"data:")

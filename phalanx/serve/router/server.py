@@ -57,6 +57,7 @@ class RouterOptions:
     default_rate: float | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
     retries: int = 2
+    max_in_flight: int = 4096
     max_blocks: int = DEFAULT_MAX_BLOCKS
     read_timeout_s: float = 600.0
 
@@ -139,6 +140,7 @@ def build(
         served_model_name=options.served_model_name or "",
         max_body_bytes=options.max_body_bytes,
         retries=options.retries,
+        max_in_flight=options.max_in_flight,
         policy=options.policy,
         block_chars=options.block_chars,
     )
