@@ -9,7 +9,7 @@ import random
 import pytest
 
 from phalanx.api.models import WhoAmI
-from phalanx.api.serving import Endpoint
+from phalanx.api.serving import Endpoint, Endpoints
 from phalanx.serve.router.access import (
     BAD_TTL_S,
     OK_TTL_S,
@@ -30,6 +30,8 @@ from phalanx.serve.router.policies import (
     make_policy,
 )
 from phalanx.serve.router.prefix import PrefixIndex, block_hashes, prompt_text, render_chat
+from phalanx.serve.router.replicas import ReplicaSet
+from phalanx.serve.router.server import RouterOptions, RouterSetupError, build
 from phalanx.serve.router.stats import PoolWindow, RouterStats
 
 
@@ -234,3 +236,73 @@ def test_depth_check() -> None:
     assert _depth_ok({"a": [1, {"b": 2}]}, 3)
     assert not _depth_ok({"a": [[[[1]]]]}, 3)
     assert _depth_ok({}, 0)
+
+
+def _endpoints(*eps: Endpoint, key: str = "k") -> Endpoints:
+    return Endpoints(
+        name="d", served_model_name="m", engine="llama.cpp", policy="kv-aware",
+        block_chars=16, generation=1, engine_key=key, endpoints=list(eps),
+    )  # fmt: skip
+
+
+def test_replica_set_follows_endpoints_and_keeps_what_it_knows() -> None:
+    clock = Clock()
+    index = PrefixIndex()
+    replicas = ReplicaSet(index, clock)
+    replicas.update(_endpoints(ep(1), ep(2)))
+    first = replicas.by_url(ep(1).url)
+    assert first is not None
+    first.in_flight = 3
+    index.add(ep(1).url, block_hashes("a" * 64, 16))
+    index.add(ep(2).url, block_hashes("b" * 64, 16))
+    # Same replica again: same state. Replica 2 gone: its cache forgotten. A new job at
+    # replica 1's address would start empty; a URL that is not http://HOST:PORT is skipped.
+    bad = Endpoint(job_id=9, pool="aggregated", url="https://10.0.0.9:1", slots=1, generation=1)
+    replicas.update(_endpoints(ep(1), bad))
+    assert replicas.by_url(ep(1).url) is first and first.in_flight == 3
+    assert index.size(ep(1).url) == 4 and index.size(ep(2).url) == 0
+    assert [r.endpoint.job_id for r in replicas.routable("aggregated")] == [1]
+    moved = Endpoint(job_id=7, pool="aggregated", url=ep(1).url, slots=4, generation=2)
+    replicas.update(_endpoints(moved))
+    again = replicas.by_url(ep(1).url)
+    assert again is not None and again is not first and again.in_flight == 0
+    assert index.size(ep(1).url) == 0
+
+
+def test_a_failed_replica_is_skipped_for_a_while_doubling_per_failure() -> None:
+    clock = Clock()
+    replicas = ReplicaSet(PrefixIndex(), clock)
+    replicas.update(_endpoints(ep(1), ep(2)))
+    one = replicas.by_url(ep(1).url)
+    assert one is not None
+    replicas.failed(one)
+    assert [r.endpoint.job_id for r in replicas.routable("aggregated")] == [2]
+    assert replicas.ready("aggregated") == 1
+    clock.now += 1.0
+    assert len(replicas.routable("aggregated")) == 2  # tried again after 1 s
+    replicas.failed(one)
+    clock.now += 1.5
+    assert len(replicas.routable("aggregated")) == 1  # 2 s the second time
+    # Every replica down: all are tried anyway (better than refusing outright).
+    two = replicas.by_url(ep(2).url)
+    assert two is not None
+    replicas.failed(two)
+    assert len(replicas.routable("aggregated")) == 2
+    replicas.succeeded(one)
+    assert [r.endpoint.job_id for r in replicas.routable("aggregated")] == [1]
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        (RouterOptions(), "--head and --deployment"),
+        (RouterOptions(replicas=["http://a:1"]), "--no-auth"),
+        (RouterOptions(head="http://h", deployment="../users", token="t"), "deployment name"),
+        (RouterOptions(head="http://h", deployment="d"), "--token-file"),
+        (RouterOptions(prefill=["http://a:1"], no_auth=True), "--prefill and --decode"),
+        (RouterOptions(replicas=["http://a:1"], head="http://h"), "--owner"),
+    ],
+)
+def test_router_setup_refuses_what_cannot_work(options: RouterOptions, says: str) -> None:
+    with pytest.raises(RouterSetupError, match=says):
+        build(options)

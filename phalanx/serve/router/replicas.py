@@ -3,6 +3,7 @@ router knows of each: requests in flight, blocks they hold, failures (passive he
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -11,6 +12,8 @@ from phalanx.api.serving import Endpoint, Endpoints
 from phalanx.serve.router.policies import ReplicaLoad
 from phalanx.serve.router.prefix import PrefixIndex
 from phalanx.serve.router.upstream import Upstream
+
+log = logging.getLogger("phalanx.serve.router")
 
 DOWN_FIRST_S = 1.0  # a failed replica is skipped this long, doubling per failure in a row
 DOWN_MAX_S = 30.0
@@ -60,11 +63,14 @@ class ReplicaSet:
             if replica is None or replica.endpoint.job_id != ep.job_id or key_changed:
                 # A new replica (or a new job at an old address: its cache starts empty).
                 self.index.forget(ep.url)
-                replica = Replica(
-                    ep,
-                    Upstream(ep.url, endpoints.engine_key, read_timeout_s=self.read_timeout_s),
-                    name=str(ep.job_id),
-                )
+                try:
+                    upstream = Upstream(
+                        ep.url, endpoints.engine_key, read_timeout_s=self.read_timeout_s
+                    )
+                except ValueError as e:  # not http://HOST:PORT: never routable
+                    log.warning("replica %s skipped: %s", ep.job_id, e)
+                    continue
+                replica = Replica(ep, upstream, name=str(ep.job_id))
             else:
                 replica.endpoint = ep
             fresh[ep.url] = replica

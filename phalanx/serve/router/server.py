@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,9 @@ log = logging.getLogger("phalanx.serve.router")
 REFRESH_S = 1.0  # endpoints from the head, this often (and soon after a replica fails)
 AUDIENCE_S = 10.0  # the deployment's owner and team, this often
 SOONEST_S = 0.2  # a replica error triggers a refresh no sooner than this after the last
+
+
+DEPLOYMENT_NAME = re.compile(r"[a-z]([a-z0-9-]{0,61}[a-z0-9])?")  # as api.serving's
 
 
 class RouterSetupError(Exception):
@@ -110,6 +114,8 @@ def build(
         raise RouterSetupError(
             "give --head and --deployment, or --replica URL (or --prefill and --decode URLs)"
         )
+    if options.deployment is not None and not DEPLOYMENT_NAME.fullmatch(options.deployment):
+        raise RouterSetupError(f"--deployment {options.deployment!r} is not a deployment name")
     if fixed and options.deployment:
         raise RouterSetupError("fixed replicas and --deployment exclude each other")
     if bool(options.prefill) != bool(options.decode) or (options.prefill and options.replicas):
