@@ -19,7 +19,7 @@ from phalanx.serve.router.access import (
     RateLimits,
     TokenCache,
 )
-from phalanx.serve.router.app import _depth_ok
+from phalanx.serve.router.checks import depth_ok
 from phalanx.serve.router.policies import (
     KvAware,
     LeastLoad,
@@ -233,9 +233,9 @@ def test_stats_window_counts_what_ended_in_it() -> None:
 
 
 def test_depth_check() -> None:
-    assert _depth_ok({"a": [1, {"b": 2}]}, 3)
-    assert not _depth_ok({"a": [[[[1]]]]}, 3)
-    assert _depth_ok({}, 0)
+    assert depth_ok({"a": [1, {"b": 2}]}, 3)
+    assert not depth_ok({"a": [[[[1]]]]}, 3)
+    assert depth_ok({}, 0)
 
 
 def _endpoints(*eps: Endpoint, key: str = "k") -> Endpoints:

@@ -20,42 +20,24 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
 from phalanx.api.serving import Policy
 from phalanx.serve.router.access import Audience, HeadUnreachable, RateLimits, TokenCache
 from phalanx.serve.router.answers import JSON_TYPE, ApiError, answer
+from phalanx.serve.router.checks import DEFAULT_MAX_BODY, DEFAULT_MAX_DEPTH, parse, read_body
 from phalanx.serve.router.disagg import Disagg
 from phalanx.serve.router.metrics import CONTENT_TYPE, RouterMetrics
 from phalanx.serve.router.policies import RouteRequest, RoutingPolicy, make_policy
 from phalanx.serve.router.prefix import PrefixIndex, block_hashes, prompt_text
 from phalanx.serve.router.replicas import Replica, ReplicaSet
-from phalanx.serve.router.stats import RouterStats
+from phalanx.serve.router.stats import RouterStats, engine_tpot, stream_tokens
 from phalanx.serve.router.upstream import UpstreamError
 
 log = logging.getLogger("phalanx.serve.router")
 
 COMPLETIONS = ("/v1/completions", "/v1/chat/completions")
-DEFAULT_MAX_BODY = 4 * 1024 * 1024
-DEFAULT_MAX_DEPTH = 32
-
-
-def _depth_ok(value: Any, limit: int) -> bool:
-    """Whether `value` nests no deeper than `limit` lists/objects."""
-    level: list[Any] = [value]
-    for _ in range(limit + 1):
-        nxt: list[Any] = []
-        for v in level:
-            if isinstance(v, dict):
-                nxt.extend(v.values())
-            elif isinstance(v, list):
-                nxt.extend(v)
-        if not nxt:
-            return True
-        level = nxt
-    return False
 
 
 @dataclass(frozen=True)
@@ -258,61 +240,6 @@ class Router:
             )
         return audience.team_of(who)
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self.config.max_body_bytes
-        too_large = ApiError(
-            413, f"the request body is larger than {limit} bytes", code="too_large"
-        )
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    if int(value) > limit:
-                        raise too_large
-                except ValueError:
-                    raise ApiError(400, "bad Content-Length") from None
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ApiError(400, "the client went away before sending the whole body")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise too_large
-            parts.append(chunk)
-            if not message.get("more_body", False):
-                return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    def _parse(self, raw: bytes, path: str) -> tuple[dict[str, Any], bool]:
-        try:
-            obj = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise ApiError(400, "the body is not valid JSON", code="invalid_json") from None
-        if not isinstance(obj, dict):
-            raise ApiError(400, "the body must be a JSON object", code="invalid_json")
-        if not _depth_ok(obj, self.config.max_json_depth):
-            raise ApiError(400, f"the body nests deeper than {self.config.max_json_depth} levels")
-        model = obj.get("model")
-        if not isinstance(model, str):
-            raise ApiError(400, "`model` must be a string", param="model")
-        if model != self.config.served_model_name:
-            raise ApiError(
-                404,
-                f"The model `{model[:200]}` does not exist.",
-                code="model_not_found",
-                param="model",
-            )
-        stream = obj.get("stream", False)
-        if not isinstance(stream, bool):
-            raise ApiError(400, "`stream` must be true or false", param="stream")
-        if path == "/v1/chat/completions":
-            if not isinstance(obj.get("messages"), list):
-                raise ApiError(400, "`messages` must be a list", param="messages")
-        elif not isinstance(obj.get("prompt"), str | list):
-            raise ApiError(400, "`prompt` must be a string or a list", param="prompt")
-        return obj, stream
-
     async def _complete(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         received = time.perf_counter()
         if self._active >= self.config.max_in_flight:
@@ -343,8 +270,8 @@ class Router:
                 "rate_limit_exceeded",
                 headers=((b"retry-after", str(max(1, math.ceil(wait))).encode()),),
             )
-        raw = await self._read_body(scope, receive)
-        obj, stream = self._parse(raw, path)
+        raw = await read_body(scope, receive, self.config.max_body_bytes)
+        obj, stream = parse(raw, path, self.config.served_model_name, self.config.max_json_depth)
         text = prompt_text(path, obj)
         bc = self.block_chars()
         hashes = block_hashes(text, bc) if len(text) >= bc else ()
@@ -477,7 +404,7 @@ class Router:
             response.status < 400,
             response.status,
             ttft_s=ttft,
-            tpot_s=_engine_tpot(data) if response.status == 200 else None,
+            tpot_s=engine_tpot(data) if response.status == 200 else None,
         )
 
     async def _stream(
@@ -553,37 +480,7 @@ class Router:
         finally:
             await chunks.aclose()
             gone.cancel()
-        tokens = _stream_tokens(last, events)
+        tokens = stream_tokens(last, events)
         e2e = time.perf_counter() - received
         tpot = (e2e - ttft) / (tokens - 1) if tokens > 1 else None
         return _Outcome(True, ok, 200, ttft_s=ttft, tpot_s=tpot)
-
-
-def _engine_tpot(data: bytes) -> float | None:
-    """TPOT of a whole answer from the engine's own timings (llama.cpp reports them), in s."""
-    if b'"timings"' not in data:
-        return None
-    try:
-        timings = json.loads(data).get("timings") or {}
-        value = timings.get("predicted_per_token_ms")
-        return float(value) / 1000.0 if isinstance(value, int | float) and value > 0 else None
-    except (ValueError, AttributeError, TypeError):
-        return None
-
-
-def _stream_tokens(tail: bytes, events: int) -> int:
-    """A stream's output tokens: the engine's count in its last event (`usage` when the
-    client asked for it, llama.cpp's `timings`), else the `data:` events but `[DONE]`."""
-    at = tail.rfind(b"data: {")
-    if at >= 0 and (b'"completion_tokens"' in tail or b'"predicted_n"' in tail):
-        try:
-            event = json.loads(tail[at + 6 :].split(b"\n\n", 1)[0])
-            usage = event.get("usage") or {}
-            count = usage.get("completion_tokens") or (event.get("timings") or {}).get(
-                "predicted_n"
-            )
-            if isinstance(count, int) and count >= 0:
-                return count
-        except (ValueError, AttributeError):
-            pass
-    return events - 1

@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from phalanx.api.serving import Endpoint, Endpoints, Engine, Policy, PoolRole
 from phalanx.serve.router.access import Audience, HeadUnreachable, RateLimits, TokenCache
-from phalanx.serve.router.app import DEFAULT_MAX_BODY, Router, RouterConfig
+from phalanx.serve.router.app import Router, RouterConfig
+from phalanx.serve.router.checks import DEFAULT_MAX_BODY
 from phalanx.serve.router.headlink import HeadError, HeadLink
 from phalanx.serve.router.prefix import DEFAULT_MAX_BLOCKS, PrefixIndex
 from phalanx.serve.router.replicas import ReplicaSet

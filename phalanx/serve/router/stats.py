@@ -9,6 +9,7 @@ TTFT and TPOT).
 
 from __future__ import annotations
 
+import json
 import time
 from collections import deque
 from collections.abc import Callable
@@ -109,3 +110,33 @@ class RouterStats:
             queued=self._queued.get(pool, 0),
             replicas_ready=self._ready.get(pool, 0),
         )
+
+
+def engine_tpot(data: bytes) -> float | None:
+    """TPOT of a whole answer from the engine's own timings (llama.cpp reports them), in s."""
+    if b'"timings"' not in data:
+        return None
+    try:
+        timings = json.loads(data).get("timings") or {}
+        value = timings.get("predicted_per_token_ms")
+        return float(value) / 1000.0 if isinstance(value, int | float) and value > 0 else None
+    except (ValueError, AttributeError, TypeError):
+        return None
+
+
+def stream_tokens(tail: bytes, events: int) -> int:
+    """A stream's output tokens: the engine's count in its last event (`usage` when the
+    client asked for it, llama.cpp's `timings`), else the `data:` events but `[DONE]`."""
+    at = tail.rfind(b"data: {")
+    if at >= 0 and (b'"completion_tokens"' in tail or b'"predicted_n"' in tail):
+        try:
+            event = json.loads(tail[at + 6 :].split(b"\n\n", 1)[0])
+            usage = event.get("usage") or {}
+            count = usage.get("completion_tokens") or (event.get("timings") or {}).get(
+                "predicted_n"
+            )
+            if isinstance(count, int) and count >= 0:
+                return count
+        except (ValueError, AttributeError):
+            pass
+    return events - 1
