@@ -152,6 +152,9 @@ class DeploymentInfo(Lenient):
     created_at: UnixTime
     pools: list[PoolStatus] = Field(max_length=2)
     replicas: list[ReplicaInfo] = Field(max_length=2 * MAX_REPLICAS * 2)
+    # The team the replicas run under (spec.team, else the owner's default when applied):
+    # the router lets its members call the deployment.
+    team: Name | None = None
 
 
 class DeploymentList(Lenient):

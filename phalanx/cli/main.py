@@ -20,6 +20,7 @@ from phalanx.cli.nodes import drain, nodes, resume
 from phalanx.cli.report import idle, report
 from phalanx.cli.serve import serve_app
 from phalanx.cli.serve_bench import serve_bench, serve_calibrate, serve_plan
+from phalanx.cli.serve_router import serve_router
 from phalanx.cli.services import agent, head, up
 from phalanx.cli.slurmpool import slurm_pool
 from phalanx.cli.slurmshims import slurm_shims
@@ -102,6 +103,7 @@ app.command("slurm-pool")(slurm_pool)
 app.command("serve-bench")(serve_bench)
 app.command("serve-calibrate")(serve_calibrate)
 app.command("serve-plan")(serve_plan)
+app.command("serve-router")(serve_router)
 
 
 @app.command("version")

@@ -1,0 +1,1 @@
+"""The router: an OpenAI-compatible gateway in front of a deployment's replicas."""

@@ -1,0 +1,149 @@
+"""Real llama-server processes for the hand-off tests, and a `Post` built on httpx.
+
+The router supplies the real `Post` (its upstream client); these tests use the smallest
+one that does the same: a JSON POST carrying the engine key.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from phalanx.api.serving import Endpoint, PoolRole
+from phalanx.local.cluster import free_port
+from phalanx.serve.handoff import Post
+from phalanx.testing.engines import llama_server, smollm2
+
+KEY = "engine-key-for-tests"
+MODEL = "smollm2"
+HEADERS = {"Authorization": f"Bearer {KEY}"}
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    slots: int
+
+    def endpoint(self, pool: PoolRole, job_id: int = 1) -> Endpoint:
+        return Endpoint(job_id=job_id, pool=pool, url=self.url, slots=self.slots, generation=1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+def start(folder: Path, name: str, handoff_dir: Path, slots: int = 2) -> Server:
+    """A llama-server as a deployment's engine command line starts it (engines.py), with
+    one thread and a small context; not waited for (see `wait_ready`)."""
+    port = free_port()
+    log = folder / f"{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                str(llama_server()),
+                "-m",
+                str(smollm2()),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "-np",
+                str(slots),
+                "--api-key",
+                KEY,
+                "--metrics",
+                "--alias",
+                MODEL,
+                "--slot-save-path",
+                str(handoff_dir),
+                "-t",
+                "1",
+                "-c",
+                str(1024 * slots),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+    return Server(f"http://127.0.0.1:{port}", proc, log, slots)
+
+
+def wait_ready(*servers: Server, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    for server in servers:
+        while True:
+            if server.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited: {server.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(server.url + "/health", headers=HEADERS, timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server not ready: {server.log.read_text()[-2000:]}")
+            time.sleep(0.1)
+
+
+def make_post(client: httpx.AsyncClient) -> Post:
+    async def post(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        answer = await client.post(url + path, json=body, headers=HEADERS)
+        return answer.status_code, answer.json()
+
+    return post
+
+
+async def ask(
+    client: httpx.AsyncClient, url: str, path: str, body: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """Send a request (streaming or not, as `body` says) and return the generated text
+    and the engine's last `timings`/`usage` (from the answer, or the stream's last chunk)."""
+    if not body.get("stream"):
+        answer = await client.post(url + path, json=body, headers=HEADERS)
+        assert answer.status_code == 200, answer.text
+        data = answer.json()
+        return _text(path, data), data
+    text: list[str] = []
+    last: dict[str, Any] = {}
+    async for chunk in _events(client, url + path, body):
+        text.append(_text(path, chunk))
+        if "timings" in chunk:
+            last = chunk
+    return "".join(text), last
+
+
+async def _events(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any]
+) -> AsyncIterator[dict[str, Any]]:
+    async with client.stream("POST", url, json=body, headers=HEADERS) as answer:
+        assert answer.status_code == 200, await answer.aread()
+        async for line in answer.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line.removeprefix("data: ")
+            if data == "[DONE]":
+                return
+            yield json.loads(data)
+
+
+def _text(path: str, data: dict[str, Any]) -> str:
+    if path == "/completion":
+        return str(data.get("content", ""))
+    parts = []
+    for choice in data.get("choices", []):
+        if "text" in choice:
+            parts.append(choice["text"] or "")
+        elif "message" in choice:
+            parts.append(choice["message"].get("content") or "")
+        elif "delta" in choice:
+            parts.append(choice["delta"].get("content") or "")
+    return "".join(parts)
