@@ -384,6 +384,7 @@ class Serving:
             created_at=dep.created,
             pools=pools,
             replicas=infos,
+            team=dep.team,
         )
 
 
