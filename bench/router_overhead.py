@@ -3,7 +3,7 @@ added per request, ≥ 5,000 req/s through the router).
 
 A stub engine (its own process: a minimal OpenAI-shaped HTTP/1.1 server on raw asyncio
 that answers at once — a whole completion, or a stream of `--events` SSE events) is called
-directly (the baseline) and through `phalanx serve-router --replica STUB --no-auth` (its
+directly (the baseline) and through `phalanx serve router --replica STUB --no-auth` (its
 own process, the production hot path): latency p50/p99 at concurrency 1, non-streaming
 and streaming, then throughput at concurrency `--concurrency` (split over `--clients`
 load-generating processes, each with keep-alive connections). The load generators, the
@@ -245,7 +245,7 @@ def main() -> None:
     )
     router = subprocess.Popen(
         [
-            sys.executable, "-m", "phalanx.cli.main", "serve-router",
+            sys.executable, "-m", "phalanx.cli.main", "serve", "router",
             "--listen", f"127.0.0.1:{router_port}", "--replica", f"http://127.0.0.1:{stub_port}",
             "--engine-key", "bench", "--no-auth", "--policy", args.policy,
             "--served-model-name", "stub",

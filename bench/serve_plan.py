@@ -80,7 +80,7 @@ def naive(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--profile", type=Path, help="a profile JSON (serve-calibrate's output)")
+    ap.add_argument("--profile", type=Path, help="a profile JSON (serve calibrate's output)")
     ap.add_argument("--trace", default="azure-conv", choices=sorted(traces.TRACE_FILES))
     ap.add_argument("--rows", type=int, default=5000)
     ap.add_argument("--ttft-ms", type=float, default=500.0)

@@ -1,8 +1,8 @@
-"""`phalanx serve-bench`, `serve-calibrate` and `serve-plan`: measure and size serving.
+"""`phalanx serve bench`, `serve calibrate` and `serve plan`: measure and size serving.
 
-- serve-bench: `vllm bench serve`'s metrics against a router or a replica.
-- serve-calibrate: a replica's latency profile (JSON), measured from the real engine.
-- serve-plan: how many replicas (GPUs) a traffic needs under an SLO, for a profile and a
+- serve bench: `vllm bench serve`'s metrics against a router or a replica.
+- serve calibrate: a replica's latency profile (JSON), measured from the real engine.
+- serve plan: how many replicas (GPUs) a traffic needs under an SLO, for a profile and a
   trace, up to 100,000-GPU clusters (core.planner's search).
 
 Heavy imports (numpy, httpx) load inside the commands, so other commands stay quick.
@@ -192,7 +192,7 @@ def serve_plan(
     profile_file: Annotated[
         Path,
         typer.Option(
-            "--profile", help="A profile JSON (serve-calibrate's output or its `profile`)."
+            "--profile", help="A profile JSON (serve calibrate's output or its `profile`)."
         ),
     ],
     trace: Annotated[

@@ -1,4 +1,4 @@
-"""`phalanx serve-router`: the OpenAI-compatible router in front of a deployment's replicas
+"""`phalanx serve router`: the OpenAI-compatible router in front of a deployment's replicas
 (docs/serving-router.md)."""
 
 from __future__ import annotations

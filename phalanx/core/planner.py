@@ -1,6 +1,6 @@
 """Sizing serving pools for a traffic and an SLO (DistServe-style search), pure.
 
-Inputs: a replica's latency profile (measured by `phalanx serve-calibrate`), a workload
+Inputs: a replica's latency profile (measured by `phalanx serve calibrate`), a workload
 (an arrival rate and the input/output lengths of a trace) and an SLO. Output: the cheapest
 aggregated replica count and the cheapest (prefill, decode) split that hold the SLO's
 attainment in a discrete-event simulation of iteration-level batching engines

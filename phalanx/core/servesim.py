@@ -319,7 +319,7 @@ _PROFILE_FIELDS = frozenset(LatencyProfile.__dataclass_fields__)
 
 
 def profile_from_dict(data: object) -> LatencyProfile:
-    """A profile from its JSON object (what `phalanx serve-calibrate --json` prints);
+    """A profile from its JSON object (what `phalanx serve calibrate --json` prints);
     ValueError names an unknown or wrong field."""
     if not isinstance(data, dict):
         raise ValueError("a latency profile is a JSON object")

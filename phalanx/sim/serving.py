@@ -1,7 +1,7 @@
 """Serving in the simulator: "how many GPUs for this traffic", and the autoscaler replayed.
 
 `plan_for_trace` sizes pools for a real trace's lengths at any rate with core.planner (the
-same search `phalanx serve-plan` prints); `replay_autoscaler` runs core.slo's policy on a
+same search `phalanx serve plan` prints); `replay_autoscaler` runs core.slo's policy on a
 virtual clock against a load that changes (a step), with the planner's engine model
 serving the traffic, and reports the SLO attainment held through it.
 """

@@ -1,4 +1,4 @@
-"""`phalanx serve-bench` / `serve-calibrate` refuse bad input with one line, no traceback."""
+"""`phalanx serve bench` / `serve calibrate` refuse bad input with one line, no traceback."""
 
 from __future__ import annotations
 
@@ -13,33 +13,33 @@ from phalanx.local.cluster import free_port
     ("args", "message"),
     [
         (
-            ["serve-calibrate", "--url", "U", "--model", "m", "--lengths", "1,x"],
+            ["serve", "calibrate", "--url", "U", "--model", "m", "--lengths", "1,x"],
             "--lengths must be comma-separated integers",
         ),
         (
-            ["serve-calibrate", "--url", "U", "--model", "m", "--batches", "9"],
+            ["serve", "calibrate", "--url", "U", "--model", "m", "--batches", "9"],
             "batch sizes must be in [1, slots=4]",
         ),
-        (["serve-calibrate", "--url", "nope", "--model", "m"], "url must start with http://"),
+        (["serve", "calibrate", "--url", "nope", "--model", "m"], "url must start with http://"),
         (
-            ["serve-calibrate", "--url", "U", "--model", "m", "--lengths", "0"],
+            ["serve", "calibrate", "--url", "U", "--model", "m", "--lengths", "0"],
             "needs 1 to 32 integers",
         ),
         (
-            ["serve-calibrate", "--url", "U", "--model", "m"],
+            ["serve", "calibrate", "--url", "U", "--model", "m"],
             "a calibration request failed: ConnectError",
         ),
-        (["serve-bench", "--url", "ftp://x", "--model", "m"], "url must start with http://"),
+        (["serve", "bench", "--url", "ftp://x", "--model", "m"], "url must start with http://"),
         (
-            ["serve-bench", "--url", "U", "--model", "m", "--trace-time"],
+            ["serve", "bench", "--url", "U", "--model", "m", "--trace-time"],
             "--trace-time needs a trace workload",
         ),
         (
-            ["serve-bench", "--url", "U", "--model", "m", "--slo-tpot-ms", "0"],
+            ["serve", "bench", "--url", "U", "--model", "m", "--slo-tpot-ms", "0"],
             "--slo-tpot-ms must be a positive number",
         ),
         (
-            ["serve-bench", "--url", "U", "--model", "m", "--token-file", "/nonexistent"],
+            ["serve", "bench", "--url", "U", "--model", "m", "--token-file", "/nonexistent"],
             "--token-file /nonexistent: cannot read it",
         ),
     ],

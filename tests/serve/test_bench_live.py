@@ -132,7 +132,8 @@ def test_serve_bench_cli_prints_one_json_object(server: str, tmp_path: Path) -> 
     token = tmp_path / "token"
     token.write_text(KEY + "\n")
     args = [
-        "serve-bench",
+        "serve",
+        "bench",
         "--url",
         server,
         "--model",

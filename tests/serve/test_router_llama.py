@@ -1,5 +1,5 @@
 """The router as a process in front of two real llama-server replicas of SmolLM2-135M
-(`phalanx serve-router --replica URL …`): same greedy outputs as one replica, each policy's
+(`phalanx serve router --replica URL …`): same greedy outputs as one replica, each policy's
 routing, a replica killed under load, Phalanx-token auth against a real head, rate limits,
 hostile input."""
 
@@ -100,7 +100,7 @@ def start_router(logs: Path, *args: str) -> Proc:
     port = free_port()
     log = logs / f"router-{port}.log"
     argv = [
-        sys.executable, "-m", "phalanx.cli.main", "serve-router",
+        sys.executable, "-m", "phalanx.cli.main", "serve", "router",
         "--listen", f"127.0.0.1:{port}", "--engine-key", KEY, *args,
     ]  # fmt: skip
     with log.open("wb") as out:

@@ -1,5 +1,5 @@
 """sim.serving: plans for real traces, the autoscaler replayed through a 3× load step, and
-`phalanx serve-plan`."""
+`phalanx serve plan`."""
 
 from __future__ import annotations
 
@@ -105,7 +105,8 @@ def test_serve_plan_cli(tmp_path: Path) -> None:
     out = CliRunner().invoke(
         app,
         [
-            "serve-plan",
+            "serve",
+            "plan",
             "--profile",
             str(profile),
             "--trace",
@@ -129,7 +130,8 @@ def test_serve_plan_cli(tmp_path: Path) -> None:
     sweep = CliRunner().invoke(
         app,
         [
-            "serve-plan",
+            "serve",
+            "plan",
             "--profile",
             str(profile),
             "--trace",
@@ -154,14 +156,18 @@ def test_serve_plan_cli(tmp_path: Path) -> None:
     assert rows[1]["gpus"] == data["gpus"]  # the same answer as the single-rate plan
     assert rows[0]["gpus"] <= rows[1]["gpus"] <= rows[2]["gpus"] <= 100_000
     assert (rows[3]["best"], rows[3]["gpus"]) == ("none", None)  # beyond 100k GPUs
-    bad_sweep = CliRunner().invoke(app, ["serve-plan", "--profile", str(profile), "--sweep", "1,x"])
+    bad_sweep = CliRunner().invoke(
+        app, ["serve", "plan", "--profile", str(profile), "--sweep", "1,x"]
+    )
     assert (
         bad_sweep.exit_code == 2 and "--sweep must be comma-separated numbers" in bad_sweep.output
     )
     profile.write_text('{"slots": 2}')
-    bad = CliRunner().invoke(app, ["serve-plan", "--profile", str(profile), "--slo-ttft-ms", "100"])
+    bad = CliRunner().invoke(
+        app, ["serve", "plan", "--profile", str(profile), "--slo-ttft-ms", "100"]
+    )
     assert bad.exit_code == 2 and bad.output.startswith("error: ") and "Traceback" not in bad.output
     none = CliRunner().invoke(
-        app, ["serve-plan", "--profile", str(tmp_path / "nope.json"), "--slo-ttft-ms", "1"]
+        app, ["serve", "plan", "--profile", str(tmp_path / "nope.json"), "--slo-ttft-ms", "1"]
     )
     assert none.exit_code == 2 and "cannot read a JSON profile" in none.output
