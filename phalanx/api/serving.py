@@ -19,6 +19,7 @@ from phalanx.api.models import (
     JobId,
     Label,
     Lenient,
+    Message,
     Name,
     NoNul,
     PathText,
@@ -136,6 +137,11 @@ class PoolStatus(Lenient):
     role: PoolRole
     desired: Count
     ready: Count
+    # Replicas of this pool that ended on their own (failed, node lost, engine died) since
+    # one was last ready; while it is above 0, replacements wait `backoff_until`.
+    failures: Count = 0
+    last_failure: Message | None = None  # why the last one ended, as `phalanx serve show` says
+    backoff_until: UnixTime | None = None  # no replacement is submitted before then
 
 
 class DeploymentInfo(Lenient):
@@ -187,3 +193,19 @@ class ReplicaReport(Wire):
 
     url: Url
     ready: bool
+    # The replica's job (PHALANX_JOB_ID): the head then checks the token against that job
+    # only; a step token reports for its own job, never another.
+    job_id: JobId | None = None
+
+
+class ReplicaConfig(Lenient):
+    """`GET /v1/serve/replicas/self` (the replica job's step token): what its wrapper
+    starts — the deployment's spec, its pool, generation, and the engine's API key (never
+    on a command line: the wrapper hands it to the engine in a 0600 file or its env)."""
+
+    name: DeploymentName
+    job_id: JobId
+    pool: PoolRole
+    generation: Count
+    spec: DeploymentSpec
+    engine_key: Token

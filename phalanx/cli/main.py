@@ -18,6 +18,7 @@ from phalanx.cli.local import local_app
 from phalanx.cli.logs import logs
 from phalanx.cli.nodes import drain, nodes, resume
 from phalanx.cli.report import idle, report
+from phalanx.cli.serve import serve_app
 from phalanx.cli.services import agent, head, up
 from phalanx.cli.slurmpool import slurm_pool
 from phalanx.cli.slurmshims import slurm_shims
@@ -91,6 +92,7 @@ app.add_typer(admin, name="admin")
 app.add_typer(token_app, name="token")
 app.add_typer(context_app, name="context")
 app.add_typer(local_app, name="local")
+app.add_typer(serve_app, name="serve")
 app.command("up")(up)
 app.command("head")(head)
 app.command("agent")(agent)

@@ -38,6 +38,7 @@ from phalanx.head import (
     leaving,
     metricsapi,
     selfcontrol,
+    serving_routes,
     telemetry_api,
     usage_routes,
 )
@@ -259,6 +260,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     app.state.head = head
     app.include_router(usage_routes.router)  # idle GPUs, idle policies, usage reports
     app.include_router(leaving.router)  # a node leaving on purpose (Slurm allocation end)
+    app.include_router(serving_routes.router)  # serving deployments (`phalanx serve`)
 
     keys = jobs.SubmitKeys()  # idempotency keys of live jobs (the control thread's)
     app.add_middleware(BodyLimit)

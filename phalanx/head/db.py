@@ -277,6 +277,38 @@ idle_policies = Table(
 )
 
 
+# Serving deployments (head/serving.py, migration 0011): each deployment's spec, owner and
+# generation, and its replica jobs (which pool and generation each runs, where its engine
+# listens and whether it is ready, whether the controller is retiring it).
+serve_deployments = Table(
+    "serve_deployments",
+    metadata,
+    Column("name", String(63), primary_key=True),
+    Column("owner", String(128), nullable=False),
+    Column("team", String(128), nullable=False),
+    Column("spec_json", Text, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("created", Float, nullable=False),
+    Column("updated", Float, nullable=False),
+    Column("engine_key", String(256), nullable=False),
+    Column("status_json", Text, nullable=True),  # per pool: failures, last one, backoff
+)
+
+serve_replicas = Table(
+    "serve_replicas",
+    metadata,
+    Column("job_id", Integer, primary_key=True, autoincrement=False),
+    Column("deployment", String(63), nullable=False),
+    Column("pool", String(16), nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("slots", Integer, nullable=False),
+    Column("url", String(512), nullable=True),
+    Column("ready", Boolean, nullable=False, default=False),
+    Column("retiring", Boolean, nullable=False, default=False),
+)
+Index("ix_serve_replicas_deployment", serve_replicas.c.deployment)
+
+
 def default_url(state_dir: Path) -> str:
     return f"sqlite:///{state_dir / 'phalanx.db'}"
 

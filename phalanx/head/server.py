@@ -198,6 +198,7 @@ def serve(
         server.run(sockets=[sock])
     finally:
         if role.leader:
+            head.serving.stop()  # before the control thread its passes run on
             head.control.stop()
             with contextlib.suppress(Exception):  # logged; the database is away
                 head.usage.stop()
@@ -247,6 +248,7 @@ def _lead(head: Head, state_dir: Path, role: leader.Role, election: leader.Elect
     _take_over(head, state_dir)
     head.control.start()
     head.usage.start()
+    head.serving.start()  # adopts the replica jobs that outlived the last head
     if election is not None:
         election.watch()
     role.leader = True

@@ -36,6 +36,7 @@ from phalanx.head.metrics import HeadMetrics
 from phalanx.head.mirror import Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord, NodeRecord
 from phalanx.head.scheduling import pending_reason
+from phalanx.head.serving import Serving
 from phalanx.head.telemetry import GpuSamples
 from phalanx.head.tsdb import TelemetryStore, retention
 from phalanx.head.usage import Usage
@@ -61,6 +62,7 @@ class Head:
             control.engine, control.clock.time, self.samples, retention(control.mirror.settings)
         )  # GPU telemetry and progress history, stored off the control thread (head/tsdb.py)
         self.usage = Usage(control, self.samples)  # idle GPUs and accounting (head/usage.py)
+        self.serving = Serving(control)  # serving deployments (head/serving.py)
         self.metrics = HeadMetrics(self.mirror, control.lock)  # Prometheus (head/metrics.py)
         self.metrics.usage = self.usage  # the idle-GPU series
         control.on_committed.append(self.metrics.observe)
