@@ -23,15 +23,15 @@ from typing import Any
 import httpx
 import pytest
 
-from phalanx.api.serving import Endpoint, PoolRole
+from phalanx.api.serving import DeploymentSpec, Endpoint, PoolRole, PoolSpec
 from phalanx.local.cluster import free_port
+from phalanx.serve.engines import engine_command
 from phalanx.serve.handoff import Handoff, HandoffError
 from phalanx.testing.vllm_env import smollm2_safetensors, vllm_python
 from tests.serve.llama_servers import HEADERS, KEY, MODEL, ask, make_post
 
 pytestmark = pytest.mark.vllm
 
-NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
 MAX_TOKENS = 12
 CASES = [
     ("/v1/completions", False, "The three most important rivers of Europe are the Danube, the"),
@@ -64,40 +64,48 @@ class Vllm:
             os.killpg(self.proc.pid, signal.SIGKILL)  # children left behind, if any
 
 
-def start(folder: Path, name: str, *, nixl: bool) -> Vllm:
-    """A vLLM replica as a deployment's engine command line starts it (serving contract:
-    prefill/decode pools add the NixlConnector and a side-channel port)."""
+def start(folder: Path, name: str, role: PoolRole, core: int) -> Vllm:
+    """A vLLM replica of a deployment's pool, started with the command line the replica
+    wrapper runs (phalanx.serve.engines: prefill/decode pools get the NixlConnector and
+    its side channel), plus CPU settings: one core each (OpenMP threads of two engines
+    spinning on the same two cores slow decoding a hundredfold), a 1 GiB KV cache."""
+    roles: list[PoolRole] = ["aggregated"] if role == "aggregated" else ["prefill", "decode"]
+    spec = DeploymentSpec(
+        name="chat",
+        engine="vllm",
+        model=str(smollm2_safetensors()),
+        engine_path=str(vllm_python()),
+        served_model_name=MODEL,
+        pools=[
+            PoolSpec(
+                role=r,
+                slots=4,
+                args=["--enforce-eager", "--dtype", "float32", "--max-model-len", "2048"],
+            )
+            for r in roles
+        ],
+    )
     port = free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}
-    args = [
-        str(vllm_python()),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(smollm2_safetensors()),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--served-model-name",
-        MODEL,
-        "--api-key",
-        KEY,
-        "--max-num-seqs",
-        "4",
-        "--enforce-eager",
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "2048",
-    ]
-    if nixl:
-        args += ["--kv-transfer-config", NIXL]
-        env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(free_port())
+    pool = next(p for p in spec.pools if p.role == role)
+    launch = engine_command(
+        spec,
+        pool,
+        host="127.0.0.1",
+        port=port,
+        key=KEY,
+        key_file=str(folder / "unused.key"),
+        side_channel_port=free_port(),
+    )
+    env = {
+        **os.environ,
+        **launch.env,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": str(core % (os.cpu_count() or 1)),
+    }
     log = folder / f"{name}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            args,
+            list(launch.argv),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -147,7 +155,7 @@ def _tokens_by_source(url: str) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def aggregated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Vllm]:
-    server = start(tmp_path_factory.mktemp("vllm-agg"), "aggregated", nixl=False)
+    server = start(tmp_path_factory.mktemp("vllm-agg"), "aggregated", "aggregated", core=0)
     try:
         wait_ready(server)
         yield server
@@ -179,8 +187,8 @@ def pair(
 ) -> Iterator[tuple[Vllm, Vllm]]:
     aggregated.stop()  # at most two vLLM instances at once (memory)
     folder = tmp_path_factory.mktemp("vllm-pd")
-    prefill = start(folder, "prefill", nixl=True)
-    decode = start(folder, "decode", nixl=True)
+    prefill = start(folder, "prefill", "prefill", core=0)
+    decode = start(folder, "decode", "decode", core=1)
     try:
         wait_ready(prefill, decode)
         yield prefill, decode
