@@ -9,8 +9,11 @@ requests are sent one at a time, alternating baseline and disaggregated on the s
 prompt (greedy, streaming), so both see the same machine. TTFT = request sent → first
 content chunk (disaggregated: the hand-off included), TPOT = (E2E − TTFT) / (tokens − 1).
 Prints one JSON object: both sides' mean/p50/p90 TTFT and mean TPOT, their ratios, the
-hand-off's own time (save + restore) and its share of the disaggregated TTFT, whether the
-outputs were identical, and the host's CPU steal and load average over the run.
+hand-off's own time (save + restore) and its share of the disaggregated TTFT, how many
+outputs were identical to the baseline's fresh answer and to its answer from its prompt
+cache (the same request sent again: on long prompts llama.cpp's fresh and cached answers
+differ, and the hand-off reproduces the cached one), and the host's CPU steal and load
+average over the run.
 At concurrency 1 disaggregation cannot win: this measures what the hand-off costs.
 """
 
@@ -135,6 +138,7 @@ async def run(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any]:
     transfer: list[float] = []
     share: list[float] = []
     identical = 0
+    identical_cached = 0
     async with httpx.AsyncClient(timeout=300) as client:
 
         async def post(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -154,6 +158,9 @@ async def run(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any]:
             alone, ttft, e2e, n = await stream(client, urls["agg"], body, sent)
             side["agg"]["ttft"].append(1000 * ttft)
             side["agg"]["tpot"].append(1000 * (e2e - ttft) / max(1, n - 1))
+            # The same request again: answered from the replica's prompt cache (the prompt's
+            # last token evaluated alone, as on the decode replica after a hand-off).
+            cached, *_ = await stream(client, urls["agg"], body, time.monotonic())
             sent = time.monotonic()
             prepared = await handoff.prefill(post, pre, dec, "/v1/completions", body)
             try:
@@ -165,6 +172,7 @@ async def run(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any]:
             transfer.append(prepared.timings.transfer_ms)
             share.append(prepared.timings.transfer_ms / (1000 * ttft))
             identical += split == alone
+            identical_cached += split == cached
     agg_ttft, dis_ttft = summary(side["agg"]["ttft"]), summary(side["disagg"]["ttft"])
     agg_tpot = statistics.fmean(side["agg"]["tpot"])
     dis_tpot = statistics.fmean(side["disagg"]["tpot"])
@@ -178,7 +186,8 @@ async def run(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any]:
         },
         "ratio_ttft_mean_disagg_over_agg": round(dis_ttft["mean"] / agg_ttft["mean"], 3),
         "ratio_tpot_mean_disagg_over_agg": round(dis_tpot / agg_tpot, 3),
-        "identical_outputs": f"{identical}/{args.requests}",
+        "identical_outputs_vs_fresh": f"{identical}/{args.requests}",
+        "identical_outputs_vs_prompt_cached": f"{identical_cached}/{args.requests}",
     }
 
 

@@ -111,6 +111,39 @@ def test_disaggregated_output_is_identical_to_aggregated_and_reuses_the_kv(
     asyncio.run(main())
 
 
+# ~170-token prompts: long enough that llama.cpp's own numerics differ between evaluating
+# a prompt's last token inside the prompt's batch (a fresh request) and alone (a request
+# whose prompt is cached, as after a hand-off): greedy outputs of a fresh and a cached
+# request then drift apart after a few tokens on one aggregated replica too.
+LONG = " ".join(
+    ["river", "city", "stone", "winter", "garden", "music", "harbor", "forest", "letter"][
+        (i * 7 + i // 3) % 9
+    ]
+    for i in range(150)
+)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_long_prompts_match_the_aggregated_replica_answering_from_its_prompt_cache(
+    servers: dict[str, Server], path: str
+) -> None:
+    async def main() -> None:
+        handoff = Handoff("llama.cpp")
+        body = {**_request(path, f"{path} {LONG}", stream=False), "ignore_eos": True}
+        async with httpx.AsyncClient(timeout=120) as client:
+            await ask(client, servers["agg"].url, path, body)  # fills its prompt cache
+            cached, answer = await ask(client, servers["agg"].url, path, body)
+            split, last = await _disaggregated(handoff, client, servers, path, body)
+        # The same path on both sides: the prompt evaluated in one batch, then its last
+        # token alone — the output is the aggregated replica's, to the token.
+        assert answer["timings"]["prompt_n"] <= 2 and answer["timings"]["cache_n"] >= 150
+        assert last["timings"]["prompt_n"] <= 2 and last["timings"]["cache_n"] >= 150
+        assert split == cached
+        assert last["usage"]["completion_tokens"] == MAX_TOKENS and split.strip()
+
+    asyncio.run(main())
+
+
 def test_more_concurrent_requests_than_slots_all_complete_one_request_per_slot(
     servers: dict[str, Server],
 ) -> None:
