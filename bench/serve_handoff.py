@@ -211,7 +211,13 @@ def main() -> int:
             for url in urls.values():
                 wait_ready(url)
             steal0, total0 = steal()
-            result = asyncio.run(run(args, urls))
+            try:
+                result = asyncio.run(run(args, urls))
+            except Exception:
+                for name in urls:  # what the engines said, before their folder goes
+                    tail = (folder / f"{name}.log").read_text(errors="replace")[-1500:]
+                    print(f"--- {name} engine log ---\n{tail}", file=sys.stderr)
+                raise
             steal1, total1 = steal()
         finally:
             for proc in procs:
