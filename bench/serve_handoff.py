@@ -139,7 +139,10 @@ async def run(args: argparse.Namespace, urls: dict[str, str]) -> dict[str, Any]:
     share: list[float] = []
     identical = 0
     identical_cached = 0
-    async with httpx.AsyncClient(timeout=300) as client:
+    # A fresh connection per request, for both sides alike: llama-server (cpp-httplib) may
+    # close a kept-alive connection after a streamed answer without saying so.
+    no_reuse = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=300, limits=no_reuse) as client:
 
         async def post(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
             r = await client.post(url + path, json=body, headers=HEADERS)
@@ -214,9 +217,10 @@ def main() -> int:
             try:
                 result = asyncio.run(run(args, urls))
             except Exception:
-                for name in urls:  # what the engines said, before their folder goes
+                for name, proc in zip(urls, procs, strict=True):  # before their folder goes
                     tail = (folder / f"{name}.log").read_text(errors="replace")[-1500:]
-                    print(f"--- {name} engine log ---\n{tail}", file=sys.stderr)
+                    state = "running" if proc.poll() is None else f"exited {proc.returncode}"
+                    print(f"--- {name} engine ({state}) log ---\n{tail}", file=sys.stderr)
                 raise
             steal1, total1 = steal()
         finally:

@@ -215,6 +215,13 @@ class Handoff:
                 status=400,
             )
         _check_single(path, body)
+        if self.engine == "llama.cpp" and prefill.slots != decode.slots:
+            # llama-server refuses to restore a slot saved by a server with another -np.
+            raise HandoffError(
+                f"prefill replica {prefill.url} has {prefill.slots} slots, decode replica "
+                f"{decode.url} {decode.slots}: llama.cpp restores a slot only into a server "
+                "with as many"
+            )
         if self.engine == "vllm":
             return await self._vllm(post, prefill, path, body)
         return await self._llama(post, prefill, decode, path, body)

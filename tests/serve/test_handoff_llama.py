@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from phalanx.api.serving import Endpoint
+from phalanx.api.serving import DeploymentSpec, Endpoint, PoolSpec
 from phalanx.local.cluster import free_port
 from phalanx.serve.handoff import FILE_PREFIX, FILE_SUFFIX, Handoff, HandoffError, Post, sweep
 from tests.serve.llama_servers import MODEL, Server, ask, make_post, start, wait_ready
@@ -322,6 +322,26 @@ def test_a_request_the_hand_off_cannot_carry_is_refused_with_400(
         asyncio.run(handoff.prefill(never, end, end, path, body))
     assert refused.value.status == 400 and message in str(refused.value)
     assert handoff.busy_slots(end.url) == 0
+
+
+def test_replicas_with_different_slot_counts_are_refused_before_any_work() -> None:
+    async def never(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        raise AssertionError("no engine is asked")
+
+    pre = Endpoint(job_id=1, pool="prefill", url="http://127.0.0.1:9", slots=2, generation=1)
+    dec = Endpoint(job_id=2, pool="decode", url="http://127.0.0.1:8", slots=4, generation=1)
+    handoff = Handoff("llama.cpp")
+    with pytest.raises(HandoffError, match=r"2 slots, decode replica .* 4"):
+        asyncio.run(handoff.prefill(never, pre, dec, "/v1/completions", {"prompt": "x"}))
+    with pytest.raises(ValueError, match=r"same slots \(-np\)"):
+        DeploymentSpec(
+            name="chat",
+            engine="llama.cpp",
+            model="/m.gguf",
+            engine_path="/llama-server",
+            pools=[PoolSpec(role="prefill", slots=2), PoolSpec(role="decode", slots=4)],
+            handoff_dir="/shared",
+        )
 
 
 def test_an_unreachable_prefill_replica_is_a_handoff_error() -> None:
