@@ -229,17 +229,26 @@ class Handoff:
     async def _call(
         self, post: Post, url: str, path: str, body: dict[str, Any], what: str
     ) -> dict[str, Any]:
-        try:
-            async with asyncio.timeout(self.step_timeout_s):
-                status, answer = await post(url, path, body)
-        except TimeoutError:
-            raise HandoffError(
-                f"{what} on {url}: no answer within {self.step_timeout_s:g} s"
-            ) from None
-        except HandoffError:
-            raise
-        except Exception as exc:  # the replica is unreachable, died, or answered garbage
-            raise HandoffError(f"{what} on {url} failed: {_describe(exc)}") from exc
+        # A request that fails without an answer is sent once more: llama-server closes a
+        # kept-alive connection after a streamed answer without saying so, and a pooled
+        # client's next request on it fails before reaching the engine. Every step may be
+        # repeated: the slot is leased, the file name is the request's, a restore overwrites.
+        for attempt in (1, 2):
+            try:
+                async with asyncio.timeout(self.step_timeout_s):
+                    status, answer = await post(url, path, body)
+                break
+            except TimeoutError:
+                raise HandoffError(
+                    f"{what} on {url}: no answer within {self.step_timeout_s:g} s"
+                ) from None
+            except HandoffError:
+                raise
+            except Exception as exc:  # the replica is unreachable, died, or answered garbage
+                if attempt == 1:
+                    log.debug("%s on %s failed (%s): once more", what, url, _describe(exc))
+                    continue
+                raise HandoffError(f"{what} on {url} failed: {_describe(exc)}") from exc
         if status != 200:
             raise HandoffError(f"{what} on {url} answered {status}: {_engine_message(answer)}")
         if not isinstance(answer, dict):

@@ -248,6 +248,34 @@ def test_a_decode_replica_dying_mid_way_fails_the_hand_off_and_frees_every_slot(
         doomed.stop()
 
 
+def test_a_request_lost_on_a_dropped_connection_is_sent_once_more(
+    servers: dict[str, Server],
+) -> None:
+    """llama-server drops a kept-alive connection after a streamed answer: the pooled
+    client's next request fails before reaching it. Each step survives one such loss."""
+
+    async def main() -> None:
+        handoff = Handoff("llama.cpp")
+        lost: list[str] = []
+        async with httpx.AsyncClient(timeout=60) as client:
+            plain = make_post(client)
+
+            async def post(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+                step = path.split("action=")[-1] if "action=" in path else "prefill"
+                if step not in lost:
+                    lost.append(step)
+                    raise httpx.RemoteProtocolError("Server disconnected")
+                return await plain(url, path, body)
+
+            body = _request("/v1/completions", "Four seasons: spring, summer,", stream=False)
+            alone, _ = await ask(client, servers["agg"].url, "/v1/completions", body)
+            split, _ = await _disaggregated(handoff, client, servers, "/v1/completions", body, post)
+        assert lost == ["prefill", "save", "restore"]
+        assert split == alone
+
+    asyncio.run(main())
+
+
 def test_waiting_for_a_decode_slot_is_bounded_and_a_release_frees_it(
     servers: dict[str, Server],
 ) -> None:
