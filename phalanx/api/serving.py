@@ -135,6 +135,7 @@ class ReplicaInfo(Lenient):
     state: JobStateCode
     url: Url | None = None  # http://address:port once the engine listens
     ready: bool = False
+    retiring: bool = False  # cancelled by the controller (scale down, update, delete)
 
 
 class PoolStatus(Lenient):

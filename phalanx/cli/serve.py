@@ -152,7 +152,14 @@ def _print_info(info: DeploymentInfo) -> None:
         typer.echo("  no replicas")
         return
     rows = [
-        [str(r.job_id), r.pool, str(r.generation), r.state, "yes" if r.ready else "no", r.url or ""]
+        [
+            str(r.job_id),
+            r.pool,
+            str(r.generation),
+            r.state,
+            "retiring" if r.retiring else "yes" if r.ready else "no",
+            r.url or "",
+        ]
         for r in info.replicas
     ]
     columns = [
@@ -194,12 +201,18 @@ def scale(
 @serve_app.command("delete")
 def delete(
     name: Annotated[str, typer.Argument(help="The deployment.", show_default=False)],
+    json_out: JsonOpt = False,
     head: HeadOpt = None,
     token: TokenOpt = None,
 ) -> None:
     """Delete a deployment; its replica jobs are cancelled."""
+    import json
+
     from phalanx.client.serving import ServeClient
 
     with connect(head, token) as client:
         ServeClient(client).delete(name)
+    if json_out:
+        typer.echo(json.dumps({"deleted": name}))
+        return
     typer.echo(f"deployment {name} deleted; its replicas are being cancelled")

@@ -1,14 +1,13 @@
-"""Serving deployments in the head: apply, scale, delete, the replicas' own reports, and the
-controller that keeps every pool at its replica count (docs/serving-deploy.md).
+"""Serving deployments in the head: apply, scale, delete, the replicas' own reports, the
+reads (the router's endpoints), and when the controller (head/serving_control.py) runs
+(docs/serving-deploy.md).
 
 A replica is an ordinary job, submitted by the head for the deployment's owner (its team,
 QOS, one node, the pool's GPUs), running `RUNTIME_PYTHON -m phalanx.serve.replica`; the
-scheduler places, preempts and requeues it like any job. The controller runs on the
-control thread, in its transaction (a replica job and its row are stored together, so a
-head restart adopts exactly the replicas that exist): it replaces replicas that ended on
-their own (with backoff), adds or retires replicas to match the pool's count, and rolls
-a changed spec out as a new generation whose replicas replace the old ones only once they
-are ready.
+scheduler places, preempts and requeues it like any job. Every change runs on the control
+thread, in its transaction (a replica job and its row are stored together, so a head
+restart adopts exactly the replicas that exist). The controller's pass runs after each
+change, at once when a replica's job moves, and each second while a deployment needs one.
 """
 
 from __future__ import annotations
@@ -23,51 +22,32 @@ from urllib.parse import urlsplit
 
 from phalanx.api import models as m
 from phalanx.api.serving import (
+    MAX_REPLICAS,
     DeploymentInfo,
     DeploymentList,
     DeploymentSpec,
     Endpoint,
     Endpoints,
-    PoolSpec,
     PoolStatus,
     ReplicaConfig,
     ReplicaInfo,
     ReplicaReport,
     ScaleRequest,
 )
-from phalanx.head import auth, jobs, lifecycle, store
+from phalanx.head import auth
 from phalanx.head import serving_store as ss
 from phalanx.head.auth import AuthError, Principal
 from phalanx.head.control import ControlThread, HeadError
 from phalanx.head.mirror import Tx
-from phalanx.head.records import JobRecord
+from phalanx.head.records import QOS_PRIORITY, JobRecord
+from phalanx.head.serving_control import Controller, serves, shape
 from phalanx.head.serving_store import Deployment, Replica
 
 log = logging.getLogger("phalanx.head")
 
 TICK_S = 1.0  # the controller looks at every deployment this often (and at once on news)
-MAX_BACKOFF_S = 300.0
 MAX_DEPLOYMENTS_PER_USER = 100
 MAX_DEPLOYMENTS = 10_000
-REPLICA_WORKDIR = "/tmp"  # the wrapper's cwd; its files go in a private dir
-# Fields of a pool that do not change what its replicas run: changing them scales the pool
-# (or its autoscaler's bounds), it does not roll out a new generation.
-_SCALING_FIELDS = frozenset({"replicas", "min_replicas", "max_replicas", "slo"})
-
-
-def backoff_s(failures: int) -> float:
-    """How long a pool waits before replacing a replica after `failures` in a row: the
-    first at once, then 2, 4, 8 … seconds, at most MAX_BACKOFF_S."""
-    if failures <= 1:
-        return 0.0
-    return min(MAX_BACKOFF_S, 2.0 ** (failures - 1))
-
-
-def shape(spec: DeploymentSpec) -> dict[str, Any]:
-    """What the replicas run: the spec without the pools' replica counts and SLOs."""
-    out = spec.model_dump(mode="json")
-    out["pools"] = [{k: v for k, v in p.items() if k not in _SCALING_FIELDS} for p in out["pools"]]
-    return out
 
 
 class Serving:
@@ -82,6 +62,7 @@ class Serving:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._replica_jobs: set[int] = set()  # job ids of replicas (the move watcher's test)
+        self.controller = Controller(self.mirror, self.runtime_python, self._replica_jobs)
         self._seen_errors = control.loop_errors
         control.move_watchers.append(self._on_moves)
 
@@ -96,7 +77,8 @@ class Serving:
 
     def _adopt(self, loaded: dict[str, Deployment]) -> None:
         self.deployments = loaded
-        self._replica_jobs = {j for d in loaded.values() for j in d.replicas}
+        self._replica_jobs.clear()  # in place: the controller holds it too
+        self._replica_jobs.update(j for d in loaded.values() for j in d.replicas)
         self._seen_errors = self.control.loop_errors
 
     def _fresh(self, tx: Tx) -> None:
@@ -124,8 +106,12 @@ class Serving:
             self._wake.clear()
             if self._stop.is_set():
                 return
-            if not self.deployments:
-                continue
+            with self.control.lock:
+                now = self.control.clock.time()
+                due = self.control.loop_errors != self._seen_errors  # reload (_fresh)
+                due = due or any(self.controller.due(d, now) for d in self.deployments.values())
+            if not due:
+                continue  # nothing to do: no batch (most seconds, once pools are whole)
             try:
                 self.control.call(self.reconcile_all)
             except Exception:  # a refused or failed batch: the next tick tries again
@@ -171,7 +157,7 @@ class Serving:
                         tx.event(tx.now, "serve", f"deployment {spec.name} {what} by {who.user}")
                     dep.spec, dep.team, dep.updated = spec, team, tx.now
                     ss.put_deployment(tx.conn, dep, new=False)
-            self.reconcile(tx, dep)
+            self.controller.reconcile(tx, dep)
             return self._info(dep)
 
         return self.control.call(op)
@@ -197,7 +183,7 @@ class Serving:
             dep.spec = dep.spec.model_copy(update={"pools": new_pools})
             dep.updated = tx.now
             ss.put_deployment(tx.conn, dep, new=False)
-            self.reconcile(tx, dep)
+            self.controller.reconcile(tx, dep)
             return self._info(dep)
 
         return self.control.call(op)
@@ -207,9 +193,10 @@ class Serving:
             self._fresh(tx)
             dep = self._visible(who, name)
             for r in list(dep.replicas.values()):
-                self._cancel(tx, dep, r, f"deployment {name} deleted")
+                self.controller.cancel(tx, dep, r, f"deployment {name} deleted")
             ss.delete_deployment(tx.conn, name)
             del self.deployments[name]
+            self._replica_jobs.difference_update(dep.replicas)
             tx.event(tx.now, "serve", f"deployment {name} deleted by {who.user}")
 
         self.control.call(op)
@@ -228,7 +215,7 @@ class Serving:
             except AuthError as e:  # it stopped meanwhile (an op may raise HeadError only)
                 raise HeadError(401, str(e)) from None
             _check_url(self.mirror, rec, report.url)
-            ready = report.ready and not r.retiring and rec.state.running
+            ready = report.ready and not r.retiring and serves(rec)
             if (r.url, r.ready) != (report.url, ready):
                 r.url, r.ready = report.url, ready
                 ss.put_replica(tx.conn, r)
@@ -237,10 +224,15 @@ class Serving:
                     if health.failures or health.backoff_until is not None:
                         health.failures, health.backoff_until = 0, None
                         ss.put_health(tx.conn, dep)
-                self.reconcile(tx, dep)  # a replica ready: old ones may go
+                self.controller.reconcile(tx, dep)  # a replica ready: old ones may go
             return _replica_info(r, rec)
 
         return self.control.call(op)
+
+    def check_replica_token(self, token: str | None) -> None:
+        """401 unless `token` is the step token of a running replica job."""
+        with self.control.lock:
+            self._replica_of(token, None)
 
     def replica_config(self, token: str | None, job_id: int | None) -> ReplicaConfig:
         """What a replica's wrapper starts (its step token names it)."""
@@ -257,7 +249,7 @@ class Serving:
             )
 
     # ------------------------------------------------------------------ reads
-    def list(self, who: Principal) -> DeploymentList:
+    def visible(self, who: Principal) -> DeploymentList:
         with self.control.lock:
             deps = sorted(self.deployments.values(), key=lambda d: d.name)
             return DeploymentList(
@@ -273,8 +265,17 @@ class Serving:
         with self.control.lock:
             dep = self._visible(who, name)
             spec = dep.spec
+            jobs = self.mirror.jobs
             ready = sorted(
-                (r for r in dep.replicas.values() if r.ready and not r.retiring and r.url),
+                (
+                    r
+                    for r in dep.replicas.values()
+                    if r.ready
+                    and not r.retiring
+                    and r.url
+                    and (rec := jobs.get(r.job_id)) is not None
+                    and serves(rec)
+                ),
                 key=lambda r: (r.pool, r.job_id),
             )
             return Endpoints(
@@ -299,159 +300,10 @@ class Serving:
 
     # ------------------------------------------------------------------ the controller
     def reconcile_all(self, tx: Tx) -> None:
+        """One controller pass over every deployment (an operation of the control thread)."""
         self._fresh(tx)
         for dep in list(self.deployments.values()):
-            self.reconcile(tx, dep)
-
-    def reconcile(self, tx: Tx, dep: Deployment) -> None:
-        """Bring `dep`'s replicas to its spec (on the control thread, in `tx`)."""
-        self._observe(tx, dep)
-        roles = {p.role for p in dep.spec.pools}
-        for pool in dep.spec.pools:
-            self._keep_pool(tx, dep, pool)
-        # Pools the spec no longer has: gone once every pool it has is ready.
-        if all(self._ready(dep, p.role, dep.generation) >= p.replicas for p in dep.spec.pools):
-            for r in list(dep.replicas.values()):
-                if r.pool not in roles and not r.retiring:
-                    self._cancel(tx, dep, r, f"pool {r.pool} left the spec")
-
-    def _observe(self, tx: Tx, dep: Deployment) -> None:
-        """Forget replicas whose jobs ended (one that ended on its own is a failure of its
-        pool); one whose job is not running is not ready."""
-        for r in list(dep.replicas.values()):
-            rec = self.mirror.jobs.get(r.job_id)
-            if rec is None:
-                del dep.replicas[r.job_id]
-                self._replica_jobs.discard(r.job_id)
-                ss.drop_replica(tx.conn, r.job_id)
-                if not r.retiring:
-                    self._failed(tx, dep, r)
-                continue
-            if (r.ready or r.url) and (not rec.state.running or rec.stopping is not None):
-                r.ready, r.url = False, None
-                ss.put_replica(tx.conn, r)
-
-    def _failed(self, tx: Tx, dep: Deployment, r: Replica) -> None:
-        tx.flush()
-        ended = store.job(tx.conn, r.job_id)
-        how = "ended"
-        if ended is not None:
-            how = f"ended {ended.state.value} (exit {ended.exit_code or '?'})"
-            why = ended.reason_message or ended.reason
-            if why:
-                how += f": {why}"
-        self._note_failure(tx, dep, r.pool, f"replica job {r.job_id} {how}")
-
-    def _note_failure(self, tx: Tx, dep: Deployment, role: str, what: str) -> None:
-        health = dep.pool_health(role)
-        health.failures += 1
-        health.last_failure = what[:4000]
-        wait = backoff_s(health.failures)
-        health.backoff_until = tx.now + wait if wait > 0 else None
-        ss.put_health(tx.conn, dep)
-        later = f"; next replacement in {wait:.0f} s" if wait > 0 else ""
-        tx.event(tx.now, "serve", f"deployment {dep.name} pool {role}: {what}{later}")
-
-    def _keep_pool(self, tx: Tx, dep: Deployment, pool: PoolSpec) -> None:
-        role, gen, desired = pool.role, dep.generation, pool.replicas
-        mine = [r for r in dep.replicas.values() if r.pool == role and not r.retiring]
-        current = [r for r in mine if r.generation == gen]
-        old = [r for r in mine if r.generation != gen]
-        # 1. Too few of this generation: submit (unless the pool is backing off).
-        health = dep.pool_health(role)
-        missing = desired - len(current)
-        if missing > 0 and (health.backoff_until is None or tx.now >= health.backoff_until):
-            for _ in range(missing):
-                if not self._submit(tx, dep, pool):
-                    break
-        # 2. Too many: retire the least useful first (not ready, not placed, newest).
-        if len(current) > desired:
-            extra = sorted(current, key=lambda r: self._keep_rank(r))[desired:]
-            for r in extra:
-                self._cancel(tx, dep, r, f"scaled to {desired}")
-        # 3. Older generations: those not ready go now; ready ones as new ones get ready.
-        ready_new = sum(1 for r in current if r.ready)
-        keep_old = max(0, desired - ready_new)
-        old_ready = sorted((r for r in old if r.ready), key=lambda r: -r.job_id)
-        for r in old:
-            if not r.ready:
-                self._cancel(tx, dep, r, f"generation {gen} replaces it")
-        for r in old_ready[keep_old:]:
-            self._cancel(tx, dep, r, f"generation {gen} is ready")
-
-    def _keep_rank(self, r: Replica) -> tuple[int, int, int]:
-        rec = self.mirror.jobs.get(r.job_id)
-        placed = rec is not None and rec.state.running
-        return (0 if r.ready else 1, 0 if placed else 1, r.job_id)
-
-    def _ready(self, dep: Deployment, role: str, gen: int) -> int:
-        return sum(
-            1
-            for r in dep.replicas.values()
-            if r.pool == role and r.generation == gen and r.ready and not r.retiring
-        )
-
-    def _submit(self, tx: Tx, dep: Deployment, pool: PoolSpec) -> bool:
-        spec = dep.spec
-        python = spec.runtime_python or self.runtime_python
-        command = [python, "-m", "phalanx.serve.replica"]
-        command += ["--deployment", dep.name, "--pool", pool.role]
-        command += ["--generation", str(dep.generation)]
-        job = m.JobSpec(
-            name=f"serve:{dep.name}:{pool.role}:{dep.generation}",
-            command=command,
-            launcher="node",
-            nodes=1,
-            gpus_per_node=pool.gpus_per_replica,
-            cpus_per_task=pool.cpus_per_replica,
-            mem_mb=pool.mem_mb,
-            team=dep.team,
-            qos=spec.qos or "normal",
-            workdir=REPLICA_WORKDIR,
-            requeue=True,  # preempted or its node lost: queued again, same replica
-            restart_on_failure=False,  # its engine died: the controller replaces it
-            preempt_signal="SIGTERM",  # the wrapper reports not-ready and stops the engine
-        )
-        try:
-            who = self._owner(tx, dep)
-            answer = jobs.submit(self.mirror, tx, who, job)
-        except HeadError as e:
-            self._note_failure(tx, dep, pool.role, f"cannot submit a replica: {e.detail}")
-            return False
-        job_id = answer.job_ids[0]
-        r = Replica(job_id, dep.name, pool.role, dep.generation, pool.slots)
-        dep.replicas[job_id] = r
-        self._replica_jobs.add(job_id)
-        ss.add_replica(tx.conn, r)
-        return True
-
-    def _cancel(self, tx: Tx, dep: Deployment, r: Replica, why: str) -> None:
-        r.retiring, r.ready = True, False
-        rec = self.mirror.jobs.get(r.job_id)
-        if rec is not None and rec.stopping is None:
-            lifecycle.cancel(self.mirror, tx, rec, tx.now, f"serving ({dep.name}: {why})")
-        if dep.name in self.deployments and r.job_id in dep.replicas:
-            ss.put_replica(tx.conn, r)
-
-    def _owner(self, tx: Tx, dep: Deployment) -> Principal:
-        """The deployment's owner as a submitter (their allowance and teams, as now)."""
-        user = store.user_row(tx.conn, dep.owner)
-        if user is None:
-            raise HeadError(409, f"the deployment's owner {dep.owner!r} no longer exists")
-        if user.disabled:
-            raise HeadError(409, f"the deployment's owner {dep.owner!r} is disabled")
-        member = store.memberships_of(tx.conn, dep.owner)
-        qos = store.split_list(user.qos)
-        return Principal(
-            kind="api",
-            token_id=0,
-            user=dep.owner,
-            admin=bool(user.admin),
-            teams=frozenset(t for t, _ in member),
-            admin_of=frozenset(t for t, a in member if a),
-            default_team=user.default_team,
-            qos=None if qos is None else frozenset(qos),
-        )
+            self.controller.reconcile(tx, dep)
 
     # ------------------------------------------------------------------ helpers
     def _visible(self, who: Principal, name: str) -> Deployment:
@@ -503,7 +355,10 @@ class Serving:
         raise AuthError("not the step token of a running replica job")
 
     def _info(self, dep: Deployment) -> DeploymentInfo:
-        replicas = sorted(dep.replicas.values(), key=lambda r: r.job_id)
+        # Retiring ones last, and within the wire's bound (a big pool rolled twice quickly
+        # may briefly hold more jobs than it).
+        replicas = sorted(dep.replicas.values(), key=lambda r: (r.retiring, r.job_id))
+        replicas = replicas[: 2 * MAX_REPLICAS * 2]
         infos = []
         for r in replicas:
             rec = self.mirror.jobs.get(r.job_id)
@@ -516,7 +371,7 @@ class Serving:
                 PoolStatus(
                     role=p.role,
                     desired=p.replicas,
-                    ready=self._ready(dep, p.role, dep.generation),
+                    ready=self.controller.ready(dep, p.role, dep.generation),
                     failures=h.failures if h else 0,
                     last_failure=h.last_failure if h else None,
                     backoff_until=h.backoff_until if h else None,
@@ -540,15 +395,25 @@ def _replica_info(r: Replica, rec: JobRecord) -> ReplicaInfo:
         state=rec.state.value,
         url=r.url,
         ready=r.ready and not r.retiring,
+        retiring=r.retiring,
     )
 
 
 def _check_spec(spec: DeploymentSpec) -> None:
+    """What the wire model allows but a replica job would not (422, nothing changed)."""
     for p in spec.pools:
         if p.gpus_per_replica < 1:
             raise HeadError(
                 422, f"pools[{p.role}].gpus_per_replica: replicas are GPU jobs; give at least 1"
             )
+        if p.gpus_per_replica > m.MAX_GPUS_PER_NODE:
+            raise HeadError(
+                422,
+                f"pools[{p.role}].gpus_per_replica: a replica is one node; at most "
+                f"{m.MAX_GPUS_PER_NODE} GPUs",
+            )
+    if spec.qos is not None and spec.qos not in QOS_PRIORITY:
+        raise HeadError(422, f"qos: unknown qos {spec.qos!r}; known: {', '.join(QOS_PRIORITY)}")
     for what, path in (("engine_path", spec.engine_path), ("runtime_python", spec.runtime_python)):
         if path is not None and not path.startswith("/"):
             raise HeadError(422, f"{what}: must be an absolute path, got {path!r}")

@@ -35,12 +35,14 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
 }
 CHANGED: dict[int | str, dict[str, Any]] = {
     **NOT_FOUND,
+    403: {"model": ErrorBody, "description": "not a member of the team, or QOS not allowed"},
     409: {"model": ErrorBody, "description": "the name is another user's deployment"},
     422: {"model": ErrorBody, "description": "the spec or request is invalid"},
     429: {"model": ErrorBody, "description": "too many deployments"},
 }
 REPLICA: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorBody, "description": "not the step token of a running replica job"},
+    403: {"model": ErrorBody, "description": "the URL is not on the replica's node"},
     404: {"model": ErrorBody, "description": "that job is not a replica"},
 }
 
@@ -55,7 +57,16 @@ async def _user(request: Request, creds: Creds) -> Principal:
     return Head.require_user(head.authenticate(creds.credentials if creds else None))
 
 
+async def _replica_token(request: Request, creds: Creds) -> str:
+    """A running replica job's step token, checked before the body is read."""
+    token = creds.credentials if creds else None
+    _serving(request).check_replica_token(token)
+    assert token is not None
+    return token
+
+
 User = Annotated[Principal, Depends(_user)]
+ReplicaToken = Annotated[str, Depends(_replica_token)]
 router = APIRouter()
 
 
@@ -70,7 +81,7 @@ def apply(request: Request, who: User, spec: DeploymentSpec) -> DeploymentInfo:
 @router.get("/v1/serve/deployments", response_model=DeploymentList)
 def list_deployments(request: Request, who: User) -> DeploymentList:
     """The deployments the caller may see (own; their teams' as team admin; all: admin)."""
-    return _serving(request).list(who)
+    return _serving(request).visible(who)
 
 
 @router.get("/v1/serve/deployments/{name}", response_model=DeploymentInfo, responses=NOT_FOUND)
@@ -98,16 +109,16 @@ def endpoints(request: Request, who: User, name: Name) -> Endpoints:
 
 
 @router.post("/v1/serve/replicas/self", response_model=ReplicaInfo, responses=REPLICA)
-def report_self(request: Request, creds: Creds, report: ReplicaReport) -> ReplicaInfo:
+def report_self(request: Request, token: ReplicaToken, report: ReplicaReport) -> ReplicaInfo:
     """A replica's wrapper reports its engine's URL and readiness (its step token)."""
-    return _serving(request).report(creds.credentials if creds else None, report)
+    return _serving(request).report(token, report)
 
 
 @router.get("/v1/serve/replicas/self", response_model=ReplicaConfig, responses=REPLICA)
 def replica_self(
     request: Request,
-    creds: Creds,
+    token: ReplicaToken,
     job_id: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
 ) -> ReplicaConfig:
     """What a replica's wrapper starts: its deployment's spec, pool and engine key."""
-    return _serving(request).replica_config(creds.credentials if creds else None, job_id)
+    return _serving(request).replica_config(token, job_id)

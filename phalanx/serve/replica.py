@@ -50,6 +50,7 @@ DRAIN_MAX_S = 3.5  # … and in-flight requests get this long (the agent's kill 
 STOP_S = 10.0  # the engine's own shutdown, then SIGKILL
 SWEEP_S = 10.0  # how often a llama.cpp prefill/decode replica sweeps stale hand-off files
 HEAD_TIMEOUT_S = 5.0
+STARTUP_S = 1800.0  # an engine not healthy after this long (vLLM loads in minutes) fails
 # Engine variables the wrapper must not pass on: the job's own credential.
 _PRIVATE_ENV = ("PHALANX_STEP_TOKEN",)
 
@@ -223,11 +224,16 @@ class Replica:
         self.start_engine()
         assert self.engine is not None
         self.tell(False)
+        began = time.monotonic()
         while not self.stopping:  # 1. until the engine answers
             if self.engine.poll() is not None:
                 return self.engine_died()
             if self.healthy():
                 break
+            if time.monotonic() - began > STARTUP_S:
+                log.error("the engine did not answer its health check in %.0f s", STARTUP_S)
+                self.stop()
+                return 1  # a failure: the controller replaces the replica (with backoff)
             self.retry_report()
             time.sleep(POLL_S)
         if not self.stopping:
@@ -334,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         replica = Replica(link, config, node_address(env))
         signal.signal(signal.SIGTERM, replica.on_signal)
         signal.signal(signal.SIGINT, replica.on_signal)
+        replica.stopping = stop_early  # a signal before the handler moved: stop at once
         return replica.run()
     except (ReplicaError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

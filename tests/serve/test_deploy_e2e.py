@@ -18,7 +18,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from phalanx.api.models import UserCreate
+from phalanx.api.models import JobSpec, UserCreate
 from phalanx.api.serving import DeploymentInfo, DeploymentSpec, Endpoints, PoolSpec
 from phalanx.cli.main import app
 from phalanx.client.api import ApiError, PhalanxClient
@@ -185,9 +185,9 @@ def test_a_killed_engine_is_replaced_and_the_deployment_is_ready_again(
     again = wait_for("2 ready replicas again", replaced)
     assert len({e.job_id for e in again.endpoints}) == 2
     pool = serve.get(NAME).pools[0]
-    assert pool.last_failure is not None and f"replica job {victim.job_id} ended F" in (
-        pool.last_failure
-    )
+    assert pool.last_failure is not None
+    assert pool.last_failure.startswith(f"replica job {victim.job_id} ended F (exit 1:0): rank 0")
+    assert "exited with code 1" in pool.last_failure
     assert pool.failures == 0  # reset once a replacement was ready
     assert len(live_replica_jobs(api)) == 2
 
@@ -197,6 +197,7 @@ def test_scale_down_to_one_and_back_to_two(api: PhalanxClient, serve: ServeClien
     before = live_replica_jobs(api)
     info = serve.scale(NAME, "aggregated", 1)
     assert info.pools[0].desired == 1
+    assert [r.retiring for r in info.replicas] == [False, True]  # retiring ones listed last
     one = wait_for("1 ready replica", lambda: ready(serve, 1))
     (gone,) = before - {one.endpoints[0].job_id}
     wait_for("the extra replica cancelled", lambda: job_state(api, gone) == "CA")
@@ -315,6 +316,12 @@ def test_the_cli_applies_lists_and_shows(cluster: LocalCluster, tmp_path: Path) 
     assert info.generation == 2 and len(info.replicas) == 2
     out = runner.invoke(app, ["serve", "show", "nope"], env=env)
     assert out.exit_code == 2 and out.output.startswith("error: ") and "Traceback" not in out.output
+    out = runner.invoke(app, ["serve", "scale", NAME, "--replicas", "2"], env=env)
+    assert out.exit_code == 0 and "2 wanted" in out.output
+    args = ["serve", "scale", NAME, "--pool", "decode", "--replicas", "1"]
+    out = runner.invoke(app, args, env=env)
+    assert out.exit_code == 2
+    assert out.output == f"error: deployment {NAME} has no decode pool (it has aggregated)\n"
 
 
 def test_a_crashing_engine_is_replaced_with_backoff_and_the_reason_shown(
@@ -347,6 +354,68 @@ def test_a_crashing_engine_is_replaced_with_backoff_and_the_reason_shown(
     assert ready(serve) is not None  # the other deployment never noticed
 
 
+def test_a_prefill_and_a_decode_pool_both_get_ready(
+    api: PhalanxClient, serve: ServeClient, tmp_path: Path
+) -> None:
+    handoff = tmp_path / "handoff"
+    handoff.mkdir()
+    disagg = spec(replicas=1).model_copy(
+        update={
+            "name": "split",
+            "handoff_dir": str(handoff),
+            "pools": [
+                PoolSpec(role="prefill", replicas=1, slots=2, args=ARGS),
+                PoolSpec(role="decode", replicas=1, slots=2, args=ARGS),
+            ],
+        }
+    )
+    serve.apply(disagg)
+
+    def both() -> Endpoints | None:
+        ep = serve.endpoints("split")
+        return ep if sorted(e.pool for e in ep.endpoints) == ["decode", "prefill"] else None
+
+    ep = wait_for("a ready prefill and decode replica", both)
+    for e in ep.endpoints:
+        pid = engine_pid(e.url)
+        assert pid is not None
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert argv[argv.index(b"--slot-save-path") + 1] == str(handoff).encode()
+    info = serve.get("split")
+    assert [(p.role, p.desired, p.ready) for p in info.pools] == [
+        ("prefill", 1, 1),
+        ("decode", 1, 1),
+    ]
+    serve.delete("split")
+    for e in ep.endpoints:
+        wait_for(f"replica {e.job_id} cancelled", cancelled(api, e.job_id))
+
+
+def test_preempted_replicas_come_back_when_capacity_returns(
+    api: PhalanxClient, serve: ServeClient
+) -> None:
+    before = wait_for("2 ready replicas", lambda: ready(serve))
+    ids = {e.job_id for e in before.endpoints}
+    big = JobSpec(
+        name="big",
+        command=["sleep", "300"],
+        launcher="node",
+        nodes=2,
+        gpus_per_node=2,  # every GPU of the cluster: both replicas must go
+        qos="high",
+        workdir="/tmp",
+    )
+    (big_id,) = api.submit(big).job_ids
+    wait_for("no ready replica", lambda: not serve.endpoints(NAME).endpoints)
+    wait_for("the high-QOS job to run", lambda: job_state(api, big_id) == "R")
+    assert {r.job_id: r.state for r in serve.get(NAME).replicas} == dict.fromkeys(ids, "PD")
+    assert live_replica_jobs(api) == ids  # requeued, not replaced by new jobs
+    api.cancel(big_id)
+    after = wait_for("2 ready replicas again", lambda: ready(serve), timeout=60)
+    assert {e.job_id for e in after.endpoints} == ids
+    assert serve.get(NAME).pools[0].failures == 0  # a preemption is not a failure
+
+
 def test_a_head_restart_keeps_the_replicas_without_duplicates(
     cluster: LocalCluster, api: PhalanxClient, serve: ServeClient
 ) -> None:
@@ -354,7 +423,7 @@ def test_a_head_restart_keeps_the_replicas_without_duplicates(
     jobs = live_replica_jobs(api)
     cluster.kill_head(signal.SIGKILL)
     cluster.restart_head()
-    time.sleep(2.5)  # the controller's passes (every second) have looked at it
+    time.sleep(1.5)  # the controller's passes (every second) have looked at it
     after = wait_for("2 ready replicas", lambda: ready(serve, generation=2))
     assert {e.job_id for e in after.endpoints} == {e.job_id for e in before.endpoints}
     assert after.engine_key == before.engine_key

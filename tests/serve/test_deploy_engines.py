@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from phalanx.api.serving import DeploymentSpec, PoolSpec
-from phalanx.head.serving import MAX_BACKOFF_S, backoff_s, shape
+from phalanx.head.serving_control import MAX_BACKOFF_S, backoff_s, shape
 from phalanx.serve.engines import NIXL_KV_CONFIG, engine_command, health_paths
 
 KEY = "k3y-s3cret"
