@@ -104,18 +104,22 @@ def make_post(client: httpx.AsyncClient) -> Post:
 
 
 async def ask(
-    client: httpx.AsyncClient, url: str, path: str, body: dict[str, Any]
+    client: httpx.AsyncClient,
+    url: str,
+    path: str,
+    body: dict[str, Any],
+    headers: dict[str, str] = HEADERS,
 ) -> tuple[str, dict[str, Any]]:
     """Send a request (streaming or not, as `body` says) and return the generated text
     and the engine's last `timings`/`usage` (from the answer, or the stream's last chunk)."""
     if not body.get("stream"):
-        answer = await client.post(url + path, json=body, headers=HEADERS)
+        answer = await client.post(url + path, json=body, headers=headers)
         assert answer.status_code == 200, answer.text
         data = answer.json()
         return _text(path, data), data
     text: list[str] = []
     last: dict[str, Any] = {}
-    async for chunk in _events(client, url + path, body):
+    async for chunk in _events(client, url + path, body, headers):
         text.append(_text(path, chunk))
         if "timings" in chunk:
             last = chunk
@@ -123,9 +127,9 @@ async def ask(
 
 
 async def _events(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any]
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> AsyncIterator[dict[str, Any]]:
-    async with client.stream("POST", url, json=body, headers=HEADERS) as answer:
+    async with client.stream("POST", url, json=body, headers=headers) as answer:
         assert answer.status_code == 200, await answer.aread()
         async for line in answer.aiter_lines():
             if not line.startswith("data: "):
