@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo
 PIP    := COLUMNS=200 $(BIN)/pip --disable-pip-version-check --no-input
 INSTALL := $(PIP) install --progress-bar off
 
-.PHONY: venv engines test lint typecheck unit demo sim-demo bench clean
+.PHONY: venv engines vllm-env test-vllm test lint typecheck unit demo sim-demo bench clean
 
 $(VENV)/bin/python:
 	@echo "creating $(VENV) …"
@@ -43,6 +43,17 @@ typecheck: $(STAMP)
 # (about 4 minutes on 2 cores the first time; instant afterwards).
 engines: $(STAMP)
 	$(BIN)/python -m phalanx.testing.engines build
+
+# vLLM on CPU for the tests marked `vllm`: its own venv (~/.cache/phalanx/engines/vllm-venv,
+# 3.5 GB, a few minutes the first time; never Phalanx's venv) and SmolLM2-135M as fp32
+# safetensors. Idempotent: instant once built.
+vllm-env: $(STAMP) engines
+	$(BIN)/python -m phalanx.testing.vllm_env build
+
+# The vLLM tests, which `make test` deselects; says how many ran (and fails if none did).
+test-vllm: $(STAMP) vllm-env
+	@$(BIN)/pytest -m vllm -q tests/serve --junitxml=$(VENV)/vllm-tests.xml; status=$$?; \
+	$(BIN)/python -m phalanx.testing.vllm_env report $(VENV)/vllm-tests.xml; exit $$status
 
 unit: $(STAMP) engines
 	$(BIN)/pytest -n 2 --dist loadscope -q --durations=30

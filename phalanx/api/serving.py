@@ -121,6 +121,10 @@ class DeploymentSpec(Wire):
             raise ValueError("a custom engine serves one aggregated pool (no KV hand-off)")
         if roles == ["decode", "prefill"] and self.engine == "llama.cpp" and not self.handoff_dir:
             raise ValueError("a disaggregated llama.cpp deployment needs handoff_dir")
+        # A saved slot restores only into a llama-server with as many slots (-np).
+        split_llama = roles == ["decode", "prefill"] and self.engine == "llama.cpp"
+        if split_llama and len({p.slots for p in self.pools}) > 1:
+            raise ValueError("llama.cpp prefill and decode pools need the same slots (-np)")
         return self
 
 

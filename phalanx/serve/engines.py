@@ -15,11 +15,18 @@ from dataclasses import dataclass, field
 
 from phalanx.api.serving import DeploymentSpec, Engine, PoolSpec
 
-# vLLM's KV connector for disaggregated pools (prefill → decode over NIXL).
-NIXL_KV_CONFIG = json.dumps({"kv_connector": "NixlConnector", "kv_role": "kv_both"})
+# vLLM's KV connector for disaggregated pools (prefill → decode over NIXL): prefill
+# replicas produce KV, decode replicas consume it (vLLM 0.32 deprecates `kv_both` there).
+NIXL_KV_CONFIG = {
+    role: json.dumps({"kv_connector": "NixlConnector", "kv_role": kv_role})
+    for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer"))
+}
 KEY_ENV = "PHALANX_ENGINE_KEY"  # a custom engine's key
 VLLM_KEY_ENV = "VLLM_API_KEY"
 NIXL_PORT_ENV = "VLLM_NIXL_SIDE_CHANNEL_PORT"
+# Where the decode replica reaches the prefill replica's NIXL side channel: vLLM puts it in
+# the prefill answer's kv_transfer_params (default `localhost`: one node only).
+NIXL_HOST_ENV = "VLLM_NIXL_SIDE_CHANNEL_HOST"
 
 
 @dataclass(frozen=True)
@@ -63,7 +70,8 @@ def engine_command(
         argv += ["--served-model-name", name, "--max-num-seqs", str(pool.slots)]
         env = {VLLM_KEY_ENV: key}
         if disaggregated:
-            argv += ["--kv-transfer-config", NIXL_KV_CONFIG]
+            argv += ["--kv-transfer-config", NIXL_KV_CONFIG[pool.role]]
+            env[NIXL_HOST_ENV] = host
             if side_channel_port is not None:
                 env[NIXL_PORT_ENV] = str(side_channel_port)
         return EngineLaunch(tuple([*argv, *pool.args]), env)

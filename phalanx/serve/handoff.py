@@ -15,9 +15,12 @@ replica, which then generates without processing the prompt again:
   no generation (`max_tokens: 0` / `n_predict: 0`) and `cache_prompt`; the decode request
   is the client's request pinned to the restored slot with `cache_prompt`, so llama-server
   reuses the restored prompt and evaluates only its last token. The prefill slot is free
-  again as soon as its KV is saved; the decode slot when the router says the decode
-  request has ended (`Prepared.release`). Hand-off files are named by request (a uuid),
-  never reused; `sweep` (called by the replica wrapper) removes those left behind.
+  again once its KV is restored (it waits, holding the KV in memory, while no decode slot
+  is free: back-pressure, and no file waits on disk); the decode slot once the router says
+  the decode request has ended (`Prepared.release`). Hand-off files are named by request
+  (a uuid), never reused, and live from save to restore: `sweep` (called by the replica
+  wrapper every few seconds with `FILE_TTL_S`) removes them, and the router removes each at
+  once where it sees the folder (`handoff_dir`).
 - **vLLM**: the two-step `kv_transfer_params` protocol of its NixlConnector: the prefill
   request asks for `do_remote_decode` and one token, its answer carries the parameters
   (engine id, block ids, host, port) with which the decode replica pulls the KV blocks
@@ -54,6 +57,10 @@ Post = Callable[[str, str, dict[str, Any]], Awaitable[tuple[int, dict[str, Any]]
 # separators and resolves it under its --slot-save-path); `sweep` removes only these.
 FILE_PREFIX: Final = "phalanx-handoff-"
 FILE_SUFFIX: Final = ".kv"
+# A hand-off file is read back within milliseconds of being written (save, then restore at
+# once); one older than this was left behind (a router died between the two, a restore
+# failed) — the replica wrapper sweeps with it. A restore slower than this fails (502).
+FILE_TTL_S: Final = 60.0
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -208,6 +215,13 @@ class Handoff:
                 status=400,
             )
         _check_single(path, body)
+        if self.engine == "llama.cpp" and prefill.slots != decode.slots:
+            # llama-server refuses to restore a slot saved by a server with another -np.
+            raise HandoffError(
+                f"prefill replica {prefill.url} has {prefill.slots} slots, decode replica "
+                f"{decode.url} {decode.slots}: llama.cpp restores a slot only into a server "
+                "with as many"
+            )
         if self.engine == "vllm":
             return await self._vllm(post, prefill, path, body)
         return await self._llama(post, prefill, decode, path, body)
@@ -215,17 +229,26 @@ class Handoff:
     async def _call(
         self, post: Post, url: str, path: str, body: dict[str, Any], what: str
     ) -> dict[str, Any]:
-        try:
-            async with asyncio.timeout(self.step_timeout_s):
-                status, answer = await post(url, path, body)
-        except TimeoutError:
-            raise HandoffError(
-                f"{what} on {url}: no answer within {self.step_timeout_s:g} s"
-            ) from None
-        except HandoffError:
-            raise
-        except Exception as exc:  # the replica is unreachable, died, or answered garbage
-            raise HandoffError(f"{what} on {url} failed: {_describe(exc)}") from exc
+        # A request that fails without an answer is sent once more: llama-server closes a
+        # kept-alive connection after a streamed answer without saying so, and a pooled
+        # client's next request on it fails before reaching the engine. Every step may be
+        # repeated: the slot is leased, the file name is the request's, a restore overwrites.
+        for attempt in (1, 2):
+            try:
+                async with asyncio.timeout(self.step_timeout_s):
+                    status, answer = await post(url, path, body)
+                break
+            except TimeoutError:
+                raise HandoffError(
+                    f"{what} on {url}: no answer within {self.step_timeout_s:g} s"
+                ) from None
+            except HandoffError:
+                raise
+            except Exception as exc:  # the replica is unreachable, died, or answered garbage
+                if attempt == 1:
+                    log.debug("%s on %s failed (%s): once more", what, url, _describe(exc))
+                    continue
+                raise HandoffError(f"{what} on {url} failed: {_describe(exc)}") from exc
         if status != 200:
             raise HandoffError(f"{what} on {url} answered {status}: {_engine_message(answer)}")
         if not isinstance(answer, dict):
@@ -235,15 +258,21 @@ class Handoff:
     async def _llama(
         self, post: Post, prefill: Endpoint, decode: Endpoint, path: str, body: dict[str, Any]
     ) -> Prepared:
+        # The prefill slot is held until its KV is restored on the decode side: while no
+        # decode slot is free the KV waits in the prefill replica's memory (back-pressure
+        # on the prefill pool), and a hand-off file lives only from save to restore.
         name = f"{FILE_PREFIX}{uuid.uuid4().hex}{FILE_SUFFIX}"
         started = time.monotonic()
         lease = await self._lease(prefill, "prefill")
+        decode_lease: _Lease | None = None
         try:
-            waited = time.monotonic() - started
+            got_prefill = time.monotonic()
             answer = await self._call(
                 post, prefill.url, path, _no_generation(path, body, lease.slot), "prefill"
             )
             prefilled = time.monotonic()
+            decode_lease = await self._lease(decode, "decode")
+            got_decode = time.monotonic()
             saved = await self._call(
                 post,
                 prefill.url,
@@ -251,15 +280,9 @@ class Handoff:
                 {"filename": name},
                 "saving the prefilled slot",
             )
-        finally:
-            lease.release()  # the KV is in the file: the prefill slot may serve the next one
-        n_saved = saved.get("n_saved")
-        if not isinstance(n_saved, int) or n_saved <= 0:
-            raise HandoffError(f"saving the prefilled slot on {prefill.url} saved no tokens")
-        saved_at = time.monotonic()
-        decode_lease = await self._lease(decode, "decode")
-        try:
-            got_slot = time.monotonic()
+            n_saved = saved.get("n_saved")
+            if not isinstance(n_saved, int) or n_saved <= 0:
+                raise HandoffError(f"saving the prefilled slot on {prefill.url} saved no tokens")
             restored = await self._call(
                 post,
                 decode.url,
@@ -273,15 +296,17 @@ class Handoff:
                     f"of {n_saved} tokens"
                 )
         except BaseException:
-            decode_lease.release()
+            if decode_lease is not None:
+                decode_lease.release()
             raise
         finally:
+            lease.release()
             self._forget(name)
         done = time.monotonic()
         timings = HandoffTimings(
-            wait_ms=1000 * (waited + (got_slot - saved_at)),
-            prefill_ms=1000 * (prefilled - started - waited),
-            transfer_ms=1000 * ((saved_at - prefilled) + (done - got_slot)),
+            wait_ms=1000 * ((got_prefill - started) + (got_decode - prefilled)),
+            prefill_ms=1000 * (prefilled - got_prefill),
+            transfer_ms=1000 * (done - got_decode),
             prompt_tokens=_prompt_tokens(answer),
         )
         pinned = {**body, "id_slot": decode_lease.slot, "cache_prompt": True}

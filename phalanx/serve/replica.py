@@ -37,6 +37,7 @@ import httpx
 
 from phalanx.api.serving import ReplicaConfig, ReplicaReport
 from phalanx.serve import engines
+from phalanx.serve.handoff import FILE_TTL_S, sweep
 from phalanx.tls import CA_FILE_ENV, CA_PEM_ENV, client_context
 
 log = logging.getLogger("phalanx.serve.replica")
@@ -47,6 +48,7 @@ UNHEALTHY_AFTER = 3  # failed polls in a row before a ready engine is reported n
 DRAIN_MIN_S = 1.5  # after reporting not ready, the router's refresh (~1 s) sees it
 DRAIN_MAX_S = 3.5  # … and in-flight requests get this long (the agent's kill grace is 5 s)
 STOP_S = 10.0  # the engine's own shutdown, then SIGKILL
+SWEEP_S = 10.0  # how often a llama.cpp prefill/decode replica sweeps stale hand-off files
 HEAD_TIMEOUT_S = 5.0
 STARTUP_S = 1800.0  # an engine not healthy after this long (vLLM loads in minutes) fails
 # Engine variables the wrapper must not pass on: the job's own credential.
@@ -141,6 +143,10 @@ class Replica:
         self._http = httpx.Client(
             timeout=2.0, headers={"Authorization": f"Bearer {config.engine_key}"}
         )
+        spec = config.spec
+        disaggregated = spec.engine == "llama.cpp" and self.pool.role != "aggregated"
+        self.handoff_dir = spec.handoff_dir if disaggregated else None
+        self._swept = 0.0
 
     # ------------------------------------------------------------------ engine
     def start_engine(self) -> None:
@@ -190,6 +196,16 @@ class Replica:
             return False
         return False
 
+    def sweep_handoff(self) -> None:
+        """Remove the slot files hand-offs left behind (phalanx.serve.handoff): every
+        replica sharing the folder sweeps it, which is harmless."""
+        if self.handoff_dir is None or time.monotonic() - self._swept < SWEEP_S:
+            return
+        self._swept = time.monotonic()
+        removed = sweep(self.handoff_dir, FILE_TTL_S)
+        if removed:
+            log.info("removed %d stale hand-off files from %s", removed, self.handoff_dir)
+
     # ------------------------------------------------------------------ reports
     def tell(self, ready: bool) -> None:
         """Report `ready` (again, until a head takes it)."""
@@ -236,6 +252,7 @@ class Replica:
                 if misses >= UNHEALTHY_AFTER:
                     self.tell(False)
             self.retry_report()
+            self.sweep_handoff()
         return self.stop()
 
     def engine_died(self) -> int:

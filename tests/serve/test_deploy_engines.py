@@ -58,8 +58,13 @@ def test_vllm_gets_its_key_from_the_environment_and_nixl_for_disaggregation() ->
     launch = engine_command(
         dis, dis.pools[0], host="h", port=9, key=KEY, key_file="/k", side_channel_port=5600
     )
-    assert launch.argv[launch.argv.index("--kv-transfer-config") + 1] == NIXL_KV_CONFIG
+    config = launch.argv[launch.argv.index("--kv-transfer-config") + 1]
+    assert config == NIXL_KV_CONFIG["prefill"] and '"kv_role": "kv_producer"' in config
     assert launch.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600"
+    assert launch.env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "h"
+    launch = engine_command(dis, dis.pools[1], host="h", port=9, key=KEY, key_file="/k")
+    config = launch.argv[launch.argv.index("--kv-transfer-config") + 1]
+    assert config == NIXL_KV_CONFIG["decode"] and '"kv_role": "kv_consumer"' in config
 
 
 def test_custom_commands_get_their_placeholders_filled() -> None:

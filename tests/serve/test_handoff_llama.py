@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from phalanx.api.serving import Endpoint
+from phalanx.api.serving import DeploymentSpec, Endpoint, PoolSpec
 from phalanx.local.cluster import free_port
 from phalanx.serve.handoff import FILE_PREFIX, FILE_SUFFIX, Handoff, HandoffError, Post, sweep
 from tests.serve.llama_servers import MODEL, Server, ask, make_post, start, wait_ready
@@ -107,6 +107,39 @@ def test_disaggregated_output_is_identical_to_aggregated_and_reuses_the_kv(
         assert timings["cache_n"] >= prompt_tokens - 2
         assert handoff.busy_slots(servers["prefill"].url) == 0
         assert handoff.busy_slots(servers["decode"].url) == 0
+
+    asyncio.run(main())
+
+
+# ~170-token prompts: long enough that llama.cpp's own numerics differ between evaluating
+# a prompt's last token inside the prompt's batch (a fresh request) and alone (a request
+# whose prompt is cached, as after a hand-off): greedy outputs of a fresh and a cached
+# request then drift apart after a few tokens on one aggregated replica too.
+LONG = " ".join(
+    ["river", "city", "stone", "winter", "garden", "music", "harbor", "forest", "letter"][
+        (i * 7 + i // 3) % 9
+    ]
+    for i in range(150)
+)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_long_prompts_match_the_aggregated_replica_answering_from_its_prompt_cache(
+    servers: dict[str, Server], path: str
+) -> None:
+    async def main() -> None:
+        handoff = Handoff("llama.cpp")
+        body = {**_request(path, f"{path} {LONG}", stream=False), "ignore_eos": True}
+        async with httpx.AsyncClient(timeout=120) as client:
+            await ask(client, servers["agg"].url, path, body)  # fills its prompt cache
+            cached, answer = await ask(client, servers["agg"].url, path, body)
+            split, last = await _disaggregated(handoff, client, servers, path, body)
+        # The same path on both sides: the prompt evaluated in one batch, then its last
+        # token alone — the output is the aggregated replica's, to the token.
+        assert answer["timings"]["prompt_n"] <= 2 and answer["timings"]["cache_n"] >= 150
+        assert last["timings"]["prompt_n"] <= 2 and last["timings"]["cache_n"] >= 150
+        assert split == cached
+        assert last["usage"]["completion_tokens"] == MAX_TOKENS and split.strip()
 
     asyncio.run(main())
 
@@ -215,6 +248,34 @@ def test_a_decode_replica_dying_mid_way_fails_the_hand_off_and_frees_every_slot(
         doomed.stop()
 
 
+def test_a_request_lost_on_a_dropped_connection_is_sent_once_more(
+    servers: dict[str, Server],
+) -> None:
+    """llama-server drops a kept-alive connection after a streamed answer: the pooled
+    client's next request fails before reaching it. Each step survives one such loss."""
+
+    async def main() -> None:
+        handoff = Handoff("llama.cpp")
+        lost: list[str] = []
+        async with httpx.AsyncClient(timeout=60) as client:
+            plain = make_post(client)
+
+            async def post(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+                step = path.split("action=")[-1] if "action=" in path else "prefill"
+                if step not in lost:
+                    lost.append(step)
+                    raise httpx.RemoteProtocolError("Server disconnected")
+                return await plain(url, path, body)
+
+            body = _request("/v1/completions", "Four seasons: spring, summer,", stream=False)
+            alone, _ = await ask(client, servers["agg"].url, "/v1/completions", body)
+            split, _ = await _disaggregated(handoff, client, servers, "/v1/completions", body, post)
+        assert lost == ["prefill", "save", "restore"]
+        assert split == alone
+
+    asyncio.run(main())
+
+
 def test_waiting_for_a_decode_slot_is_bounded_and_a_release_frees_it(
     servers: dict[str, Server],
 ) -> None:
@@ -289,6 +350,26 @@ def test_a_request_the_hand_off_cannot_carry_is_refused_with_400(
         asyncio.run(handoff.prefill(never, end, end, path, body))
     assert refused.value.status == 400 and message in str(refused.value)
     assert handoff.busy_slots(end.url) == 0
+
+
+def test_replicas_with_different_slot_counts_are_refused_before_any_work() -> None:
+    async def never(url: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        raise AssertionError("no engine is asked")
+
+    pre = Endpoint(job_id=1, pool="prefill", url="http://127.0.0.1:9", slots=2, generation=1)
+    dec = Endpoint(job_id=2, pool="decode", url="http://127.0.0.1:8", slots=4, generation=1)
+    handoff = Handoff("llama.cpp")
+    with pytest.raises(HandoffError, match=r"2 slots, decode replica .* 4"):
+        asyncio.run(handoff.prefill(never, pre, dec, "/v1/completions", {"prompt": "x"}))
+    with pytest.raises(ValueError, match=r"same slots \(-np\)"):
+        DeploymentSpec(
+            name="chat",
+            engine="llama.cpp",
+            model="/m.gguf",
+            engine_path="/llama-server",
+            pools=[PoolSpec(role="prefill", slots=2), PoolSpec(role="decode", slots=4)],
+            handoff_dir="/shared",
+        )
 
 
 def test_an_unreachable_prefill_replica_is_a_handoff_error() -> None:
