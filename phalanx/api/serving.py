@@ -189,6 +189,13 @@ class RouterStatsReport(Wire):
     # Prompt blocks the router's prefix index predicted cached / routed, since it started.
     predicted_hit_rate: Fraction | None = None
 
+    @model_validator(mode="after")
+    def _one_per_pool(self) -> RouterStatsReport:
+        roles = [p.role for p in self.pools]
+        if len(set(roles)) != len(roles):
+            raise ValueError("pools: one entry per pool role")
+        return self
+
 
 class RouterStatsInfo(Lenient):
     """A router's latest report as the head keeps it (in memory): stale past 30 s."""

@@ -54,7 +54,7 @@ def report_stats(
     info = serving.get(who, name)  # 404 unless the token may see it
     pools = {p.role for p in info.spec.pools}
     report = report.model_copy(update={"pools": [p for p in report.pools if p.role in pools]})
-    info_ = serving.stats.record(name, report)
+    kept = serving.stats.record(name, report)
     with head.control.lock:
         head.control.changes += 1  # the dashboard's serving page follows it
-    return info_
+    return kept

@@ -171,6 +171,7 @@ def test_stats_reports_are_authenticated_bounded_and_per_deployment(world: World
         {**good, "pools": [{**pool, "role": "everything"}]},
         {**good, "router": "x" * 129},
         {**good, "pools": [pool] * 4},
+        {**good, "pools": [pool, pool]},
         {**good, "colour": "blue"},
     ):  # fmt: skip
         r = post(people.alice, bad)
