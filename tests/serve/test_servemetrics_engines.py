@@ -102,6 +102,15 @@ async def _drip(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         await asyncio.sleep(0.05)
 
 
+async def _fat(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """A valid page of 300 KiB (parsed off the event loop), the known series at its end."""
+    await reader.readuntil(b"\r\n\r\n")
+    body = b'vllm:iteration_tokens_total_bucket{le="1.0"} 5.0\n' * 6000
+    body += b"vllm:num_requests_waiting 4\n"
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    await writer.drain()
+
+
 async def _error(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     await reader.readuntil(b"\r\n\r\n")
     writer.write(b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\n\r\n")
@@ -121,7 +130,7 @@ async def hostile_engines() -> AsyncIterator[dict[str, str]]:
     servers = {}
     for name, handler in (
         ("big", _big), ("endless", _endless), ("drip", _drip), ("error", _error),
-        ("not-http", _not_http),
+        ("not-http", _not_http), ("fat", _fat),
     ):  # fmt: skip
         servers[name] = await asyncio.start_server(_swallow(handler), "127.0.0.1", 0)
     urls = {n: f"http://127.0.0.1:{s.sockets[0].getsockname()[1]}" for n, s in servers.items()}
@@ -158,6 +167,8 @@ def test_each_hostile_engine_fails_its_scrape_within_the_bounds() -> None:
 
 async def _each_hostile() -> None:
     async with hostile_engines() as hostile:
+        fat = await em.scrape(Upstream(hostile.pop("fat"), "k"), timeout_s=5.0)
+        assert fat == em.EngineSample(waiting=4.0)
         for name, url in hostile.items():
             with pytest.raises(UpstreamError) as caught:
                 await em.scrape(Upstream(url, "k"), timeout_s=1.0)
@@ -203,8 +214,10 @@ async def _poll_real_and_hostile(replica: Proc) -> None:
         assert real.prompt_tokens is not None and real.prompt_tokens > 0
         assert real.generated_tokens == 4
         assert real.cache_hit_rate is not None and 0 < real.cache_hit_rate < 1
-        assert [s.sample for u, s in poller.latest.items() if u != replica.url] == [None] * 5
-        assert poller.pool("aggregated") == [real]
+        others = {u: s.sample for u, s in poller.latest.items() if u != replica.url}
+        assert others.pop(hostile["fat"]) == em.EngineSample(waiting=4.0)
+        assert list(others.values()) == [None] * 5
+        assert poller.pool("aggregated") == [real, em.EngineSample(waiting=4.0)]
         # Re-exported per pool and replica on the router's /metrics.
         metrics = RouterMetrics(lambda: ())
         metrics.registry.register(em.EngineCollector(lambda: poller))

@@ -33,6 +33,7 @@ log = logging.getLogger("phalanx.serve.router")
 POLL_S = 3.0  # each replica's /metrics, this often
 TIMEOUT_S = 2.0  # the whole scrape (connect, head, body) of one replica
 MAX_BYTES = 512 * 1024  # a body larger than this is refused (vLLM's is ~60 KiB)
+INLINE_BYTES = 128 * 1024  # larger bodies are parsed in a worker thread
 MAX_LINES = 20_000
 MAX_LINE = 4096
 PARALLEL = 16  # replicas scraped at once
@@ -54,7 +55,9 @@ _NAMES = {
     "vllm:prompt_tokens_total": "prompt_tokens",
     "vllm:generation_tokens_total": "generated_tokens",
 }
+_NAMES_B = {name.encode(): field for name, field in _NAMES.items()}
 _RATIOS = frozenset({"kv_usage"})
+_PREFIXES = (b"llamacpp:", b"vllm:")  # every known name starts so (comments do not)
 _MAX_VALUE = 1e18
 
 
@@ -83,18 +86,16 @@ def parse(body: bytes) -> EngineSample:
     for n, raw in enumerate(body.split(b"\n")):
         if n >= MAX_LINES:
             break
-        if not raw or raw[:1] == b"#" or len(raw) > MAX_LINE:
+        if len(raw) > MAX_LINE or not raw.startswith(_PREFIXES):
             continue
-        line = raw.decode("utf-8", "replace").strip()
-        name_end = min((i for i in (line.find("{"), line.find(" ")) if i >= 0), default=-1)
-        if name_end <= 0:
-            continue
-        field = _NAMES.get(line[:name_end])
+        brace, space = raw.find(b"{"), raw.find(b" ")
+        name_end = min((i for i in (brace, space) if i >= 0), default=-1)
+        field = _NAMES_B.get(raw[:name_end]) if name_end > 0 else None
         if field is None:
             continue
         # The value follows the labels (which may hold spaces inside quotes): the text
         # after the last '}' if any, else after the name; an optional timestamp follows.
-        rest = line[line.rfind("}") + 1 :] if line[name_end] == "{" else line[name_end:]
+        rest = raw[raw.rfind(b"}") + 1 :] if name_end == brace else raw[name_end:]
         parts = rest.split()
         if not parts:
             continue
@@ -140,6 +141,8 @@ async def scrape(upstream: Upstream, timeout_s: float = TIMEOUT_S) -> EngineSamp
                 answer.close()
     except TimeoutError:
         raise UpstreamError(f"/metrics took longer than {timeout_s:g} s") from None
+    if len(body) > INLINE_BYTES:  # a big page is parsed off the event loop
+        return await asyncio.to_thread(parse, body)
     return parse(body)
 
 
