@@ -21,6 +21,7 @@ from phalanx.serve.router.metrics import RouterMetrics
 from phalanx.serve.router.prefix import PrefixIndex
 from phalanx.serve.router.replicas import ReplicaSet
 from phalanx.serve.router.report import percentile, summarize
+from phalanx.serve.router.server import RouterOptions, RouterSetupError, build
 from phalanx.serve.router.stats import RouterStats
 from phalanx.serve.router.upstream import Upstream, UpstreamError
 from tests.serve.test_router_llama import KEY, MODEL, Proc, _wait_ready, start_replica
@@ -328,3 +329,12 @@ def test_the_head_keeps_each_routers_latest_report_stale_after_30_s() -> None:
     assert len(shown) == MAX_ROUTERS and shown[-1].report.router == "r5"
     book.forget("d")
     assert book.shown("d") == []
+
+
+@pytest.mark.parametrize(("poll", "report"), [(0.01, 5.0), (3.0, 0.1)])
+def test_a_router_refuses_to_hammer_engines_or_the_head(poll: float, report: float) -> None:
+    options = RouterOptions(
+        replicas=["http://127.0.0.1:9"], no_auth=True, engine_poll_s=poll, report_s=report
+    )
+    with pytest.raises(RouterSetupError, match="--engine-poll takes 0"):
+        build(options)

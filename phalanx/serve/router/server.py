@@ -136,6 +136,10 @@ def build(
         )
     if fixed and options.head and not (options.owner or options.team):
         raise RouterSetupError("with --replica and --head, say who may call: --owner, --team")
+    if 0 < options.engine_poll_s < 0.1 or 0 < options.report_s < 0.5:
+        raise RouterSetupError(
+            "--engine-poll takes 0 (never) or at least 0.1 s; --report-interval 0 or at least 0.5 s"
+        )
     index = PrefixIndex(options.max_blocks)
     replicas = ReplicaSet(index, clock, read_timeout_s=options.read_timeout_s)
     link = HeadLink(options.head, options.token or "", options.ca) if options.head else None
