@@ -136,6 +136,7 @@ class ReplicaInfo(Lenient):
     url: Url | None = None  # http://address:port once the engine listens
     ready: bool = False
     retiring: bool = False  # cancelled by the controller (scale down, update, delete)
+    node: Name | None = None  # where its job runs (the first node of its placement)
 
 
 class PoolStatus(Lenient):
@@ -149,6 +150,65 @@ class PoolStatus(Lenient):
     backoff_until: UnixTime | None = None  # no replacement is submitted before then
 
 
+MAX_ROUTERS = 16  # routers whose summaries the head keeps per deployment
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Latency = Annotated[float, Field(ge=0, le=3_600_000, allow_inf_nan=False)]  # milliseconds
+Amount = Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)]
+
+
+class PoolStats(Wire):
+    """One pool as one router saw it over its last window: its own measurements (requests
+    that ended in the window, TTFT/TPOT percentiles, errors, SLO attainment) and, now,
+    requests in flight and queued, and the engines' own numbers (KV usage, engine queue,
+    prefix-cache hit rate: the pool's replicas' latest /metrics, None where the engine does
+    not export it)."""
+
+    role: PoolRole
+    requests: Count  # ended in the window
+    requests_per_s: Amount
+    errors: Count
+    error_rate: Fraction
+    ttft_p50_ms: Latency | None = None
+    ttft_p90_ms: Latency | None = None
+    tpot_p50_ms: Latency | None = None
+    tpot_p90_ms: Latency | None = None
+    in_flight: Count = 0
+    queued: Count = 0  # waiting in the router (for a replica, a hand-off slot)
+    replicas_ready: Count = 0
+    engine_running: Amount | None = None  # summed over the pool's replicas
+    engine_waiting: Amount | None = None  # summed: queued inside the engines
+    kv_usage: Fraction | None = None  # mean over the pool's replicas
+    cache_hit_rate: Fraction | None = None  # the engines' prefix-cache hits / lookups
+    # Share of the window's requests within the pool's SLO (both targets); None: no SLO
+    # or no request.
+    slo_attainment: Fraction | None = None
+
+
+class RouterStatsReport(Wire):
+    """`POST /v1/serve/deployments/{name}/stats` (the router's token, every ~5 s)."""
+
+    router: Label  # which router (its listen address, or --router-id)
+    window_s: Annotated[float, Field(gt=0, le=3600, allow_inf_nan=False)]
+    pools: list[PoolStats] = Field(max_length=3)
+    # Prompt blocks the router's prefix index predicted cached / routed, since it started.
+    predicted_hit_rate: Fraction | None = None
+
+    @model_validator(mode="after")
+    def _one_per_pool(self) -> RouterStatsReport:
+        roles = [p.role for p in self.pools]
+        if len(set(roles)) != len(roles):
+            raise ValueError("pools: one entry per pool role")
+        return self
+
+
+class RouterStatsInfo(Lenient):
+    """A router's latest report as the head keeps it (in memory): stale past 30 s."""
+
+    report: RouterStatsReport
+    reported_at: UnixTime
+    stale: bool = False
+
+
 class DeploymentInfo(Lenient):
     spec: DeploymentSpec
     owner: Name
@@ -159,6 +219,8 @@ class DeploymentInfo(Lenient):
     # The team the replicas run under (spec.team, else the owner's default when applied):
     # the router lets its members call the deployment.
     team: Name | None = None
+    # The latest summary of each router that reported in (docs/serving-metrics.md).
+    stats: list[RouterStatsInfo] = Field(default_factory=list, max_length=MAX_ROUTERS)
 
 
 class DeploymentList(Lenient):

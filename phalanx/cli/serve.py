@@ -10,6 +10,7 @@ import typer
 
 from phalanx.cli.connect import HeadOpt, JsonOpt, TokenOpt, connect
 from phalanx.cli.output import STATE_STYLE, duration, fail, print_json, print_table, timestamp
+from phalanx.cli.serve_stats import stats_lines
 
 if TYPE_CHECKING:
     from phalanx.api.serving import DeploymentInfo, DeploymentSpec
@@ -148,6 +149,8 @@ def _print_info(info: DeploymentInfo) -> None:
             typer.echo(f"    last failure: {p.last_failure}")
         if p.backoff_until is not None and p.backoff_until > time.time():
             typer.echo(f"    next replacement at {timestamp(p.backoff_until)}")
+    for line in stats_lines(info):  # the routers' latest summaries (serve_stats.py)
+        typer.echo(line)
     if not info.replicas:
         typer.echo("  no replicas")
         return
@@ -157,6 +160,7 @@ def _print_info(info: DeploymentInfo) -> None:
             r.pool,
             str(r.generation),
             r.state,
+            r.node or "",
             "retiring" if r.retiring else "yes" if r.ready else "no",
             r.url or "",
         ]
@@ -167,6 +171,7 @@ def _print_info(info: DeploymentInfo) -> None:
         ("POOL", False),
         ("GEN", True),
         ("ST", False),
+        ("NODE", False),
         ("READY", False),
         ("URL", False),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -170,6 +171,24 @@ def serve_router(
     max_in_flight: Annotated[
         int, typer.Option(min=1, max=1_000_000, help="Requests answered at once (more: 503).")
     ] = 4096,
+    engine_poll: Annotated[
+        float,
+        typer.Option(
+            min=0, max=3600, help="Seconds between scrapes of each replica's /metrics (0: never)."
+        ),
+    ] = 3.0,
+    report_interval: Annotated[
+        float,
+        typer.Option(
+            min=0, max=3600, help="Seconds between summaries sent to the head (0: never)."
+        ),
+    ] = 5.0,
+    router_id: Annotated[
+        str | None,
+        typer.Option(
+            help="Names this router's summaries at the head (default: HOST:PORT it listens on)."
+        ),
+    ] = None,
 ) -> None:
     """Serve the OpenAI API (`/v1/completions`, `/v1/chat/completions`, `/v1/models`) in
     front of a deployment's replicas, with Phalanx tokens, per-team rate limits and a
@@ -201,6 +220,9 @@ def serve_router(
         max_body_bytes=max_body_bytes,
         retries=retries,
         max_in_flight=max_in_flight,
+        engine_poll_s=engine_poll,
+        report_s=report_interval,
+        router_id=router_id or f"{socket.gethostname()}:{port}",
     )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per token check otherwise

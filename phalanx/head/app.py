@@ -39,6 +39,7 @@ from phalanx.head import (
     metricsapi,
     selfcontrol,
     serving_routes,
+    serving_stats,
     telemetry_api,
     usage_routes,
 )
@@ -261,6 +262,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
     app.include_router(usage_routes.router)  # idle GPUs, idle policies, usage reports
     app.include_router(leaving.router)  # a node leaving on purpose (Slurm allocation end)
     app.include_router(serving_routes.router)  # serving deployments (`phalanx serve`)
+    app.include_router(serving_stats.router)  # the routers' summaries (serving metrics)
 
     keys = jobs.SubmitKeys()  # idempotency keys of live jobs (the control thread's)
     app.add_middleware(BodyLimit)

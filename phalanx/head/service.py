@@ -37,6 +37,7 @@ from phalanx.head.mirror import Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord, NodeRecord
 from phalanx.head.scheduling import pending_reason
 from phalanx.head.serving import Serving
+from phalanx.head.serving_metrics import ServingCollector
 from phalanx.head.telemetry import GpuSamples
 from phalanx.head.tsdb import TelemetryStore, retention
 from phalanx.head.usage import Usage
@@ -64,6 +65,7 @@ class Head:
         self.usage = Usage(control, self.samples)  # idle GPUs and accounting (head/usage.py)
         self.serving = Serving(control)  # serving deployments (head/serving.py)
         self.metrics = HeadMetrics(self.mirror, control.lock)  # Prometheus (head/metrics.py)
+        self.metrics.registry.register(ServingCollector(self.serving))  # per deployment
         self.metrics.usage = self.usage  # the idle-GPU series
         control.on_committed.append(self.metrics.observe)
         self.beats = Counter(

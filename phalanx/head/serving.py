@@ -41,6 +41,7 @@ from phalanx.head.control import ControlThread, HeadError
 from phalanx.head.mirror import Tx
 from phalanx.head.records import QOS_PRIORITY, JobRecord
 from phalanx.head.serving_control import Controller, serves, shape
+from phalanx.head.serving_metrics import StatsBook
 from phalanx.head.serving_store import Deployment, Replica
 
 log = logging.getLogger("phalanx.head")
@@ -63,6 +64,7 @@ class Serving:
         self._thread: threading.Thread | None = None
         self._replica_jobs: set[int] = set()  # job ids of replicas (the move watcher's test)
         self.controller = Controller(self.mirror, self.runtime_python, self._replica_jobs)
+        self.stats = StatsBook(control.clock.time)  # the routers' summaries (serving_stats.py)
         self._seen_errors = control.loop_errors
         control.move_watchers.append(self._on_moves)
 
@@ -200,6 +202,7 @@ class Serving:
             tx.event(tx.now, "serve", f"deployment {name} deleted by {who.user}")
 
         self.control.call(op)
+        self.stats.forget(name)
 
     def report(self, token: str | None, report: ReplicaReport) -> ReplicaInfo:
         """A replica's wrapper says where its engine listens and whether it is ready
@@ -385,6 +388,7 @@ class Serving:
             pools=pools,
             replicas=infos,
             team=dep.team,
+            stats=self.stats.shown(dep.name),
         )
 
 
@@ -397,6 +401,7 @@ def _replica_info(r: Replica, rec: JobRecord) -> ReplicaInfo:
         url=r.url,
         ready=r.ready and not r.retiring,
         retiring=r.retiring,
+        node=rec.placement[0][0] if rec.placement else None,
     )
 
 

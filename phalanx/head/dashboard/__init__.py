@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from phalanx.head.dashboard import actions, jobpage, live, pages, usage_pages
+from phalanx.head.dashboard import actions, jobpage, live, pages, serving_pages, usage_pages
 from phalanx.head.service import Head
 
 
@@ -30,3 +30,4 @@ def install(app: FastAPI, head: Head) -> None:
     app.include_router(pages.router)
     app.include_router(jobpage.router)
     app.include_router(usage_pages.router)
+    app.include_router(serving_pages.router)

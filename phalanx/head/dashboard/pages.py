@@ -33,6 +33,7 @@ NAV = (
     ("jobs", "/ui/jobs", "Jobs"),
     ("queue", "/ui/queue", "Queue"),
     ("teams", "/ui/teams", "Teams"),
+    ("serving", "/ui/serving", "Serving"),
     ("health", "/ui/health", "Health"),
     ("accounting", "/ui/accounting", "Accounting"),
     ("idle", "/ui/idle", "Idle GPUs"),

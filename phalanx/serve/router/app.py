@@ -28,6 +28,7 @@ from phalanx.serve.router.access import Audience, HeadUnreachable, RateLimits, T
 from phalanx.serve.router.answers import JSON_TYPE, ApiError, answer
 from phalanx.serve.router.checks import DEFAULT_MAX_BODY, DEFAULT_MAX_DEPTH, parse, read_body
 from phalanx.serve.router.disagg import Disagg
+from phalanx.serve.router.engine_metrics import EngineCollector, EnginePoller
 from phalanx.serve.router.metrics import CONTENT_TYPE, RouterMetrics
 from phalanx.serve.router.policies import RouteRequest, RoutingPolicy, make_policy
 from phalanx.serve.router.prefix import PrefixIndex, block_hashes, prompt_text
@@ -86,6 +87,8 @@ class Router:
         self.on_replica_error = on_replica_error
         self._lifespan_hook = lifespan
         self.metrics = RouterMetrics(self._replica_rows)
+        self.engines: EnginePoller | None = None  # the engines' /metrics (server.py sets it)
+        self.metrics.registry.register(EngineCollector(lambda: self.engines))
         self._policy: RoutingPolicy | None = None
         self._active = 0  # completions being answered
         self.disagg = Disagg(self)

@@ -7,7 +7,7 @@ import httpx
 from pydantic import ValidationError
 
 from phalanx.api.models import WhoAmI
-from phalanx.api.serving import DeploymentInfo, Endpoints
+from phalanx.api.serving import DeploymentInfo, Endpoints, RouterStatsReport
 from phalanx.serve.router.access import Audience, HeadUnreachable
 from phalanx.tls import client_context
 
@@ -56,6 +56,28 @@ class HeadLink:
     async def audience(self, name: str) -> Audience:
         info = DeploymentInfo.model_validate_json(await self._json(f"/v1/serve/deployments/{name}"))
         return Audience(owner=info.owner, team=info.team or info.spec.team)
+
+    async def deployment(self, name: str) -> DeploymentInfo:
+        return DeploymentInfo.model_validate_json(await self._json(f"/v1/serve/deployments/{name}"))
+
+    async def post_stats(self, name: str, report: RouterStatsReport) -> None:
+        """The router's summary to the head (HeadError/HeadUnreachable when refused)."""
+        path = f"/v1/serve/deployments/{name}/stats"
+        try:
+            r = await self._http.post(
+                path,
+                content=report.model_dump_json(),
+                headers={
+                    "Authorization": f"Bearer {self._token}",
+                    "Content-Type": "application/json",
+                },
+            )
+        except httpx.HTTPError as e:
+            raise HeadUnreachable(f"the head at {self.url} did not answer: {e!r}") from None
+        if r.status_code in (401, 403, 404, 422):
+            raise HeadError(f"POST {path} answered {r.status_code}: {r.text[:300]}")
+        if r.status_code != 200:
+            raise HeadUnreachable(f"POST {path} answered {r.status_code}")
 
     async def _json(self, path: str) -> bytes:
         r = await self._get(path, self._token)

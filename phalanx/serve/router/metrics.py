@@ -136,6 +136,10 @@ class RouterMetrics:
             if cached:
                 self.cached_blocks.inc(cached)
 
+    def predicted_hit_rate(self) -> float | None:
+        """cached / prompt blocks since start (None before the first whole block)."""
+        return self._cached / self._blocks if self._blocks else None
+
     def _hit_rate(self) -> float:
         return self._cached / self._blocks if self._blocks else 0.0
 

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,9 +22,11 @@ from phalanx.api.serving import Endpoint, Endpoints, Engine, Policy, PoolRole
 from phalanx.serve.router.access import Audience, HeadUnreachable, RateLimits, TokenCache
 from phalanx.serve.router.app import Router, RouterConfig
 from phalanx.serve.router.checks import DEFAULT_MAX_BODY
+from phalanx.serve.router.engine_metrics import POLL_S, EnginePoller
 from phalanx.serve.router.headlink import HeadError, HeadLink
 from phalanx.serve.router.prefix import DEFAULT_MAX_BLOCKS, PrefixIndex
 from phalanx.serve.router.replicas import ReplicaSet
+from phalanx.serve.router.report import REPORT_S, Reporter
 from phalanx.serve.router.stats import RouterStats
 
 log = logging.getLogger("phalanx.serve.router")
@@ -65,6 +68,9 @@ class RouterOptions:
     max_in_flight: int = 4096
     max_blocks: int = DEFAULT_MAX_BLOCKS
     read_timeout_s: float = 600.0
+    engine_poll_s: float = POLL_S  # each replica's /metrics this often (0: never)
+    report_s: float = REPORT_S  # the summary to the head this often (head mode; 0: never)
+    router_id: str = ""  # names this router's reports (default: the host name)
 
 
 def _fixed_endpoints(options: RouterOptions, model: str) -> Endpoints:
@@ -130,6 +136,10 @@ def build(
         )
     if fixed and options.head and not (options.owner or options.team):
         raise RouterSetupError("with --replica and --head, say who may call: --owner, --team")
+    if 0 < options.engine_poll_s < 0.1 or 0 < options.report_s < 0.5:
+        raise RouterSetupError(
+            "--engine-poll takes 0 (never) or at least 0.1 s; --report-interval 0 or at least 0.5 s"
+        )
     index = PrefixIndex(options.max_blocks)
     replicas = ReplicaSet(index, clock, read_timeout_s=options.read_timeout_s)
     link = HeadLink(options.head, options.token or "", options.ca) if options.head else None
@@ -179,6 +189,21 @@ def build(
             except HeadUnreachable as e:
                 log.warning("%s; retrying in the background", e)
             tasks.append(asyncio.create_task(refresh_loop(link, name)))
+        if options.engine_poll_s > 0:
+            poller = EnginePoller(replicas, options.engine_poll_s)
+            router.engines = poller
+            tasks.append(asyncio.create_task(poller.run()))
+        if link is not None and options.deployment and options.report_s > 0:
+            reporter = Reporter(
+                link,
+                options.deployment,
+                options.router_id or socket.gethostname(),
+                stats,
+                router.engines,
+                router.metrics.predicted_hit_rate,
+                options.report_s,
+            )
+            tasks.append(asyncio.create_task(reporter.run()))
         tasks.extend(asyncio.create_task(job(router)) for job in background)
 
         async def stop() -> None:

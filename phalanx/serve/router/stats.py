@@ -111,6 +111,29 @@ class RouterStats:
             replicas_ready=self._ready.get(pool, 0),
         )
 
+    def attainment(
+        self, pool: str, seconds: float, ttft_ms: float | None, tpot_ms: float | None
+    ) -> float | None:
+        """The share of the requests of `pool` that ended in the last `seconds` answered
+        within both targets (a failed request misses; a request without a TPOT — one
+        token — is judged by its TTFT). None without a target or a request."""
+        if ttft_ms is None and tpot_ms is None:
+            return None
+        since = self.clock() - seconds
+        total = met = 0
+        for r in reversed(self._records.get(pool, ())):
+            if r.at < since:
+                break
+            total += 1
+            if not r.ok:
+                continue
+            if ttft_ms is not None and (r.ttft_ms is None or r.ttft_ms > ttft_ms):
+                continue
+            if tpot_ms is not None and r.tpot_ms is not None and r.tpot_ms > tpot_ms:
+                continue
+            met += 1
+        return met / total if total else None
+
 
 def engine_tpot(data: bytes) -> float | None:
     """TPOT of a whole answer from the engine's own timings (llama.cpp reports them), in s."""
