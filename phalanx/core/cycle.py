@@ -54,6 +54,10 @@ class _Cycle:
     config: SchedulerConfig
     quota: QuotaView
     starts: list[Start] = field(default_factory=list)
+    # The last start's placement while not yet taken in the state: taken only if another
+    # job is examined after it (`_examine`), so a cycle that ends with a start — the
+    # common case on a lightly loaded cluster — takes and gives back one placement less.
+    untaken: Placement | None = None
     preemptions: list[Preemption] = field(default_factory=list)
     reasons: dict[int, Reason] = field(default_factory=dict)
     taken_victims: set[int] = field(default_factory=set)
@@ -142,7 +146,8 @@ def schedule(
         if stop is not None:
             default = stop
     finally:
-        for start in reversed(cycle.starts):
+        taken = cycle.starts if cycle.untaken is None else cycle.starts[:-1]
+        for start in reversed(taken):
             state.give(start.placement)
         for _, hold in reversed(cycle.holds):
             state.give(hold)
@@ -213,7 +218,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
         if placement is None:
             cycle.remember_failure(job, limited)
     if placement is not None:
-        state.take(placement)
+        cycle.untaken = placement  # `_examine` takes it before examining another job
         cycle.reason_memo.clear()
         cycle.settled_reasons.clear()
         cycle.quota.add(job.team, job.gpus)
@@ -222,7 +227,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
         cycle.starts.append(
             Start(job.id, placement, admission.borrowed, backfilled=cycle.reservation is not None)
         )
-        return _stop_if_full(cycle)
+        return _stop_if_full(cycle, placement.slots)
     # Phase 5 — preemption: free a fitting placement from lower-ranked jobs.
     if cycle.preempt_possible and _preempt(cycle, job, excluded, constraints, limited):
         return None
@@ -266,9 +271,11 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
         state.teams,
         cycle.reasons,
     )
+    plain_jobs = state.plain
     now, settled_shapes, reason_memo = cycle.now, cycle.settled, cycle.reason_memo
     settled_reasons = cycle.settled_reasons
     examined = 0
+    untaken = False  # whether cycle.untaken is set
     settling = False  # behind a reservation with no preemption left to try
     horizon = math.inf  # the reservation's start, once settling
     # Teams whose jobs pass phase 3 without a quota check (teams do not change in a cycle).
@@ -283,43 +290,50 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
         last = min(stop_at, first + depth - examined)
         examined += last - first
         for _, job_id in _run_items(queue, first, last):
-            job = pending[job_id]
+            if untaken:  # the previous job started: take its GPUs before looking further
+                assert cycle.untaken is not None
+                state.take(cycle.untaken)
+                cycle.untaken = None
+                untaken = False
             # Behind a reservation most jobs only get the reason their shape already has:
             # found without the phases (the backfill scan of a long queue is the hot loop
-            # of a busy cluster). Plain jobs only, for which nothing else can differ.
-            if (
-                settling
-                and job.begin_s is None
-                and job.gpu_model is None
-                and not job.exclude_nodes
-                and not job.nodelist
-                and job_id not in waiting_on
-                and job.team not in quota_teams
-            ):
-                # Settled (see `_settled`): the reason of its shape, nothing else.
-                limit = job.time_limit_s
-                limited = limit is None or not now + limit <= horizon  # not _ends_before
-                key = (job.nodes, job.gpus_per_node, limited)
-                reason = settled_reasons.get(key)
-                if reason is None:
-                    settled = settled_shapes.get(key)
-                    if settled is None:
-                        settled = _settled(cycle, job, limited)
-                    if settled:
-                        reason = reason_memo.get(key)
-                        if reason is None:
-                            reason = _blocked_reason(cycle, job, limited, frozenset())
-                        settled_reasons[key] = reason
-                if reason is not None:
-                    reasons[job_id] = reason
-                    if cycle.nothing_fits is not False:
-                        stop = _stop_if_nothing_fits(cycle)
-                        if stop is not None:
-                            return stop
-                    continue
+            # of a busy cluster). Plain jobs only, for which nothing else can differ; the
+            # state keeps what this needs of each plain queued job (`ClusterState.plain`).
+            if settling:
+                plain = plain_jobs.get(job_id)
+                if (
+                    plain is not None
+                    and job_id not in waiting_on
+                    and (not quota_teams or plain[3] not in quota_teams)
+                ):
+                    # Settled (see `_settled`): the reason of its shape, nothing else.
+                    # `limited` as in `_ends_before` (a job without a limit has inf and
+                    # the same key both ways).
+                    key = plain[2] if now + plain[0] <= horizon else plain[1]
+                    reason = settled_reasons.get(key)
+                    if reason is None:
+                        job = pending[job_id]
+                        limited = key[2]
+                        settled = settled_shapes.get(key)
+                        if settled is None:
+                            settled = _settled(cycle, job, limited)
+                        if settled:
+                            reason = reason_memo.get(key)
+                            if reason is None:
+                                reason = _blocked_reason(cycle, job, limited, frozenset())
+                            settled_reasons[key] = reason
+                    if reason is not None:
+                        reasons[job_id] = reason
+                        if cycle.nothing_fits is not False:
+                            stop = _stop_if_nothing_fits(cycle)
+                            if stop is not None:
+                                return stop
+                        continue
+            job = pending[job_id]
             stop = _consider(cycle, job)
             if stop is not None:
                 return stop
+            untaken = cycle.untaken is not None
             settling = cycle.reservation is not None and not _preemption_left(cycle)
             if settling:
                 assert cycle.reservation is not None
@@ -508,9 +522,13 @@ def _may_try_preemption(cycle: _Cycle, job: JobRequest) -> bool:
     return True
 
 
-def _stop_if_full(cycle: _Cycle) -> Reason | None:
-    """Stop early when nothing more can start: no free GPU and no preemption left to try."""
-    if cycle.state.free_total > 0 or _preemption_left(cycle):
+def _stop_if_full(cycle: _Cycle, taking: tuple[tuple[int, int], ...] = ()) -> Reason | None:
+    """Stop early when nothing more can start: no free GPU and no preemption left to try.
+    `taking`: the slots of a start not yet taken in the state (`_Cycle.untaken`)."""
+    free = cycle.state.free_total
+    for _, mask in taking:
+        free -= mask.bit_count()
+    if free > 0 or _preemption_left(cycle):
         return None
     return Reason(ReasonCode.RESOURCES, "all GPUs are in use or reserved for jobs ahead of it")
 

@@ -39,6 +39,10 @@ DEFAULT_FAIRSHARE_HALFLIFE_S = 7 * 24 * 3600.0
 _LN2 = math.log(2)
 
 
+# (time limit or inf, (nodes, GPUs per node, True), (nodes, GPUs per node, limit is None), team)
+PlainJob = tuple[float, tuple[int, int, bool], tuple[int, int, bool], str]
+
+
 class StateError(ValueError):
     """An adapter asked the state for something impossible (unknown job, busy GPUs, …)."""
 
@@ -124,6 +128,10 @@ class ClusterState:
         self.queued_limits: SortedList = SortedList()  # time limits of queued jobs (inf: none)
         self.queued_priorities: Counter[int] = Counter()
         self.queued_gpus_per_node: Counter[int] = Counter()
+        # Queued plain jobs (no begin time, GPU model, nodelist or exclusions): their time
+        # limit (inf: none), shape keys (nodes, GPUs per node, limited) with and without
+        # a reservation's limits, and team — what the cycle's settled-job scan reads.
+        self.plain: dict[int, PlainJob] = {}
         self.held: dict[int, Dependency] = {}  # waiting on this dependency
         self.never: dict[int, Dependency] = {}  # dependency that can never be satisfied
         self.dependents: dict[int, set[int]] = {}
@@ -315,6 +323,13 @@ class ClusterState:
         self.queued_gpus_per_node[job.gpus_per_node] += 1
         if job.begin_s is not None:
             self.begins.add((job.begin_s, job.id))
+        elif job.gpu_model is None and not job.exclude_nodes and not job.nodelist:
+            limited = (job.nodes, job.gpus_per_node, True)
+            if job.time_limit_s is None:
+                self.plain[job.id] = (math.inf, limited, limited, job.team)
+            else:
+                free = (job.nodes, job.gpus_per_node, False)
+                self.plain[job.id] = (job.time_limit_s, limited, free, job.team)
 
     def _dequeue(self, job: JobRequest) -> None:
         key = self.queue_key.pop(job.id, None)
@@ -329,6 +344,7 @@ class ClusterState:
                 del self.queued_gpus_per_node[job.gpus_per_node]
             if job.begin_s is not None:
                 self.begins.remove((job.begin_s, job.id))
+            self.plain.pop(job.id, None)
         self.held.pop(job.id, None)
         self.never.pop(job.id, None)
 
