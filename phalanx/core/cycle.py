@@ -547,7 +547,8 @@ def _preemption_possible(state: ClusterState, config: SchedulerConfig) -> bool:
     return (
         state.policy.preemptive
         or max(state.queued_priorities, default=0) > min(state.running_priorities)
-        or any(t.cohort is not None for t in state.teams.values())
+        # A team in a cohort (`set_team` lists each under its cohort; usually none).
+        or any(state.cohorts.values())
     )
 
 
@@ -590,9 +591,12 @@ def _queue_runs(state: ClusterState, now: float) -> Iterator[tuple[SortedList, i
     # (merged key of the team's next job, team index, position, queue, fair share). The job
     # id is the key's last element, so merged keys are unique and never tie.
     heap: list[tuple[tuple[float, ...], int, int, SortedList, float]] = []
-    for index, (team, queue) in enumerate(sorted(state.queues.items())):
-        if not queue:
-            continue
+    queued = [(team, queue) for team, queue in state.queues.items() if queue]
+    if len(queued) == 1:  # one team's queue: all of it, no merge keys to compute
+        yield queued[0][1], 0, len(queued[0][1])
+        return
+    queued.sort(key=_first)  # by team name (the heap's tie-break; keys never tie)
+    for index, (team, queue) in enumerate(queued):
         fairshare = state.fairshare(team, now) if policy.uses_fairshare else 0.0
         heap.append((merge(queue[0][0], fairshare), index, 0, queue, fairshare))
     heapq.heapify(heap)
@@ -608,6 +612,10 @@ def _queue_runs(state: ClusterState, now: float) -> Iterator[tuple[SortedList, i
         yield queue, first, high
         if high < size:
             heapq.heappush(heap, (merge(queue[high][0], fairshare), index, high, queue, fairshare))
+
+
+def _first(pair: tuple[str, SortedList]) -> str:
+    return pair[0]
 
 
 def _infeasible(state: ClusterState, job: JobRequest, capable: dict[int, int]) -> Reason | None:
