@@ -110,6 +110,18 @@ NO_NODE_UP = Reason(
 )
 
 
+WAITING = Reason(ReasonCode.PRIORITY, "waiting for jobs ahead of it")
+
+
+@lru_cache(maxsize=64)
+def _beyond_depth(depth: int) -> Reason:
+    """The reason of the jobs beyond the depth (made once per depth, not per cycle)."""
+    return Reason(
+        ReasonCode.NOT_CONSIDERED,
+        f"not examined this cycle: only the first {depth} queued jobs are",
+    )
+
+
 def schedule(
     state: ClusterState, now: float, config: SchedulerConfig = DEFAULT_CONFIG
 ) -> Decisions:
@@ -139,7 +151,7 @@ def schedule(
             team_reasons={},
             default_reason=NO_NODE_UP,
         )
-    default = Reason(ReasonCode.PRIORITY, "waiting for jobs ahead of it")
+    default = WAITING
     try:
         # Phase 2 — order: merge the team queues by the policy's key (runs of one team).
         stop = _examine(cycle, _queue_runs(state, now))
@@ -280,10 +292,7 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
     horizon = math.inf  # the reservation's start, once settling
     # Teams whose jobs pass phase 3 without a quota check (teams do not change in a cycle).
     quota_teams = {name for name, team in teams.items() if team.quota is not None}
-    beyond_depth = Reason(
-        ReasonCode.NOT_CONSIDERED,
-        f"not examined this cycle: only the first {depth} queued jobs are",
-    )
+    beyond_depth = _beyond_depth(depth)
     for queue, first, stop_at in runs:  # runs are never empty
         if examined >= depth:
             return beyond_depth
