@@ -174,12 +174,18 @@ def _choose(
     free, freed = state.free, extra.get
     for r in sorted(domains[0], key=lambda r: (-rack_q[r], r)):
         # Best fit: (free GPUs then, node) pairs sort as the nodes by that key would.
-        nodes = sorted(
+        nodes = [
             (then, n)
             for n in state.rack_nodes[r]
             if (then := free[n] + freed(n, 0)) >= g and usable(n)
-        )
-        chosen.extend(n for _, n in nodes[: need - len(chosen)])
+        ]
+        want = need - len(chosen)
+        if want == 1:  # one node (a single-node job): the best, without sorting them all
+            if nodes:
+                chosen.append(min(nodes)[1])
+        else:
+            nodes.sort()
+            chosen.extend(n for _, n in nodes[:want])
         if len(chosen) == need:
             break
     return chosen

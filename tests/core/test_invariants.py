@@ -168,12 +168,12 @@ def check_plain(state: ClusterState) -> None:
     expected = {}
     for job_id in state.queue_key:
         job = state.pending[job_id]
-        if job.begin_s is None and job.gpu_model is None and not job.exclude_nodes:
-            if not job.nodelist:
-                limit = math.inf if job.time_limit_s is None else job.time_limit_s
-                shape = (job.nodes, job.gpus_per_node)
-                unlimited = job.time_limit_s is None
-                expected[job_id] = (limit, (*shape, True), (*shape, unlimited), job.team)
+        plain = job.gpu_model is None and not job.exclude_nodes and not job.nodelist
+        if plain and job.begin_s is None:
+            limit = math.inf if job.time_limit_s is None else job.time_limit_s
+            shape = (job.nodes, job.gpus_per_node)
+            unlimited = job.time_limit_s is None
+            expected[job_id] = (limit, (*shape, True), (*shape, unlimited), job.team)
     assert state.plain == expected
 
 
