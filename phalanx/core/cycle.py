@@ -84,7 +84,8 @@ class _Cycle:
     # already known not to fit (see `_settled_reason`); cleared when a shape fails.
     settled: dict[tuple[int, int, bool], bool] = field(default_factory=dict)
     # The reasons of settled shapes: `reason_memo`'s entries for them, cleared with it.
-    settled_reasons: dict[tuple[int, int, bool], Reason] = field(default_factory=dict)
+    # (Keyed by the shape key's id in `ClusterState.shape_keys`.)
+    settled_reasons: dict[int, Reason] = field(default_factory=dict)
 
     def known_to_fail(self, job: JobRequest, limited: bool) -> bool:
         nodes, per_node = job.nodes, job.gpus_per_node
@@ -283,7 +284,7 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
         state.teams,
         cycle.reasons,
     )
-    plain_jobs = state.plain
+    plain_jobs, shape_keys = state.plain, state.shape_keys
     now, settled_shapes, reason_memo = cycle.now, cycle.settled, cycle.reason_memo
     settled_reasons = cycle.settled_reasons
     examined = 0
@@ -318,9 +319,10 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
                     # Settled (see `_settled`): the reason of its shape, nothing else.
                     # `limited` as in `_ends_before` (a job without a limit has inf and
                     # the same key both ways).
-                    key = plain[2] if now + plain[0] <= horizon else plain[1]
-                    reason = settled_reasons.get(key)
+                    shape_id = plain[2] if now + plain[0] <= horizon else plain[1]
+                    reason = settled_reasons.get(shape_id)
                     if reason is None:
+                        key = shape_keys[shape_id]
                         job = pending[job_id]
                         limited = key[2]
                         settled = settled_shapes.get(key)
@@ -330,7 +332,7 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
                             reason = reason_memo.get(key)
                             if reason is None:
                                 reason = _blocked_reason(cycle, job, limited, frozenset())
-                            settled_reasons[key] = reason
+                            settled_reasons[shape_id] = reason
                     if reason is not None:
                         reasons[job_id] = reason
                         if cycle.nothing_fits is not False:

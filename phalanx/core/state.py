@@ -39,8 +39,9 @@ DEFAULT_FAIRSHARE_HALFLIFE_S = 7 * 24 * 3600.0
 _LN2 = math.log(2)
 
 
-# (time limit or inf, (nodes, GPUs per node, True), (nodes, GPUs per node, limit is None), team)
-PlainJob = tuple[float, tuple[int, int, bool], tuple[int, int, bool], str]
+# (time limit or inf, id of (nodes, GPUs per node, True), id of (nodes, GPUs per node,
+# limit is None), team): see `ClusterState.plain`.
+PlainJob = tuple[float, int, int, str]
 
 
 class StateError(ValueError):
@@ -129,9 +130,12 @@ class ClusterState:
         self.queued_priorities: Counter[int] = Counter()
         self.queued_gpus_per_node: Counter[int] = Counter()
         # Queued plain jobs (no begin time, GPU model, nodelist or exclusions): their time
-        # limit (inf: none), shape keys (nodes, GPUs per node, limited) with and without
-        # a reservation's limits, and team — what the cycle's settled-job scan reads.
+        # limit (inf: none), the ids of their shape keys (nodes, GPUs per node, limited)
+        # with and without a reservation's limits, and team — what the cycle's settled-job
+        # scan reads. A shape key's id indexes `shape_keys` (ints hash faster than tuples).
         self.plain: dict[int, PlainJob] = {}
+        self.shape_keys: list[tuple[int, int, bool]] = []
+        self.shape_ids: dict[tuple[int, int, bool], int] = {}
         self.held: dict[int, Dependency] = {}  # waiting on this dependency
         self.never: dict[int, Dependency] = {}  # dependency that can never be satisfied
         self.dependents: dict[int, set[int]] = {}
@@ -324,12 +328,19 @@ class ClusterState:
         if job.begin_s is not None:
             self.begins.add((job.begin_s, job.id))
         elif job.gpu_model is None and not job.exclude_nodes and not job.nodelist:
-            limited = (job.nodes, job.gpus_per_node, True)
+            limited = self._shape_id((job.nodes, job.gpus_per_node, True))
             if job.time_limit_s is None:
                 self.plain[job.id] = (math.inf, limited, limited, job.team)
             else:
-                free = (job.nodes, job.gpus_per_node, False)
+                free = self._shape_id((job.nodes, job.gpus_per_node, False))
                 self.plain[job.id] = (job.time_limit_s, limited, free, job.team)
+
+    def _shape_id(self, key: tuple[int, int, bool]) -> int:
+        shape_id = self.shape_ids.get(key)
+        if shape_id is None:
+            shape_id = self.shape_ids[key] = len(self.shape_keys)
+            self.shape_keys.append(key)
+        return shape_id
 
     def _dequeue(self, job: JobRequest) -> None:
         key = self.queue_key.pop(job.id, None)

@@ -174,7 +174,9 @@ def check_plain(state: ClusterState) -> None:
             shape = (job.nodes, job.gpus_per_node)
             unlimited = job.time_limit_s is None
             expected[job_id] = (limit, (*shape, True), (*shape, unlimited), job.team)
-    assert state.plain == expected
+    keys = state.shape_keys
+    assert {j: (p[0], keys[p[1]], keys[p[2]], p[3]) for j, p in state.plain.items()} == expected
+    assert all(state.shape_ids[key] == i for i, key in enumerate(keys))
 
 
 def check_masks(state: ClusterState) -> None:
