@@ -278,12 +278,7 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
     """Phases 3–7 for the queued jobs in order, up to the depth; returns the reason for
     every later job if the cycle stops early."""
     state, depth = cycle.state, cycle.config.depth
-    pending, waiting_on, teams, reasons = (
-        state.pending,
-        state.waiting_on,
-        state.teams,
-        cycle.reasons,
-    )
+    pending, waiting_on, reasons = state.pending, state.waiting_on, cycle.reasons
     plain_jobs, shape_keys = state.plain, state.shape_keys
     now, settled_shapes, reason_memo = cycle.now, cycle.settled, cycle.reason_memo
     settled_reasons = cycle.settled_reasons
@@ -292,7 +287,7 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
     settling = False  # behind a reservation with no preemption left to try
     horizon = math.inf  # the reservation's start, once settling
     # Teams whose jobs pass phase 3 without a quota check (teams do not change in a cycle).
-    quota_teams = {name for name, team in teams.items() if team.quota is not None}
+    quota_teams = state.quota_teams
     beyond_depth = _beyond_depth(depth)
     for queue, first, stop_at in runs:  # runs are never empty
         if examined >= depth:

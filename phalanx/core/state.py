@@ -149,6 +149,7 @@ class ClusterState:
 
         # Teams, quotas, fair share.
         self.teams: dict[str, Team] = {}
+        self.quota_teams: set[str] = set()  # the teams with a quota
         self.usage: dict[str, int] = {}
         self.cohorts: dict[str, list[str]] = {}
         self._fairshare: dict[str, tuple[float, float]] = {}  # team → (decayed GPU-s, as of)
@@ -241,6 +242,10 @@ class ClusterState:
         if old is not None and old.cohort is not None:
             self.cohorts[old.cohort].remove(old.name)
         self.teams[team.name] = team
+        if team.quota is None:
+            self.quota_teams.discard(team.name)
+        else:
+            self.quota_teams.add(team.name)
         self.usage.setdefault(team.name, 0)
         if team.cohort is not None:
             self.cohorts.setdefault(team.cohort, []).append(team.name)

@@ -177,6 +177,7 @@ def check_plain(state: ClusterState) -> None:
     keys = state.shape_keys
     assert {j: (p[0], keys[p[1]], keys[p[2]], p[3]) for j, p in state.plain.items()} == expected
     assert all(state.shape_ids[key] == i for i, key in enumerate(keys))
+    assert state.quota_teams == {t.name for t in state.teams.values() if t.quota is not None}
 
 
 def check_masks(state: ClusterState) -> None:
