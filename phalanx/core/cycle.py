@@ -64,6 +64,7 @@ class _Cycle:
     preemption_attempts: int = 0
     reservation: Reservation | None = None
     spare: dict[int, int] = field(default_factory=dict)
+    spare_only: Constraints | None = None  # Constraints(spare), for jobs without exclusions
     failed_shapes: dict[bool, list[tuple[int, int]]] = field(
         default_factory=lambda: {False: [], True: []}
     )
@@ -365,7 +366,12 @@ def _settled(cycle: _Cycle, job: JobRequest, limited: bool) -> bool:
 
 def _constraints(cycle: _Cycle, excluded: frozenset[int], limited: bool) -> Constraints:
     if limited:
-        return Constraints(cycle.spare, excluded)
+        if excluded:
+            return Constraints(cycle.spare, excluded)
+        spare = cycle.spare_only  # made once per reservation (it reads `spare` live)
+        if spare is None or spare.limits is not cycle.spare:
+            spare = cycle.spare_only = Constraints(cycle.spare)
+        return spare
     return Constraints(excluded=excluded) if excluded else UNCONSTRAINED
 
 
