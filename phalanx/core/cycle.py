@@ -289,6 +289,10 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
     horizon = math.inf  # the reservation's start, once settling
     # Teams whose jobs pass phase 3 without a quota check (teams do not change in a cycle).
     quota_teams = state.quota_teams
+    # While settling, with no start to take, no preemptor waiting and no team with a quota,
+    # a plain job's settled reason is all the loop has to find (the first test below).
+    plain_only = not waiting_on and not quota_teams
+    fast = False
     beyond_depth = _beyond_depth(depth)
     for queue, first, stop_at in runs:  # runs are never empty
         if examined >= depth:
@@ -296,11 +300,25 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
         last = min(stop_at, first + depth - examined)
         examined += last - first
         for _, job_id in _run_items(queue, first, last):
+            if fast:  # the hot loop: as the settled path below, with its tests already met
+                plain = plain_jobs.get(job_id)
+                if plain is not None:
+                    reason = settled_reasons.get(
+                        plain[2] if now + plain[0] <= horizon else plain[1]
+                    )
+                    if reason is not None:
+                        reasons[job_id] = reason
+                        if cycle.nothing_fits is not False:
+                            stop = _stop_if_nothing_fits(cycle)
+                            if stop is not None:
+                                return stop
+                        continue
             if untaken:  # the previous job started: take its GPUs before looking further
                 assert cycle.untaken is not None
                 state.take(cycle.untaken)
                 cycle.untaken = None
                 untaken = False
+                fast = settling and plain_only
             # Behind a reservation most jobs only get the reason their shape already has:
             # found without the phases (the backfill scan of a long queue is the hot loop
             # of a busy cluster). Plain jobs only, for which nothing else can differ; the
@@ -345,6 +363,7 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
             if settling:
                 assert cycle.reservation is not None
                 horizon = cycle.reservation.start_s
+            fast = settling and not untaken and plain_only
         if last < stop_at:
             return beyond_depth
     return None
