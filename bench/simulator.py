@@ -9,12 +9,13 @@
   --nodes 12500 --load 0.9`. Target ≤ 120 s.
 
 Baseline: the same runs with the code of `--baseline-rev` (default: the last commit before
-the simulator's fast paths), exported with `git archive` into a temporary folder. Every run
+this round of speed-ups), exported with `git archive` into a temporary folder. Every run
 is a fresh interpreter; baseline and new runs alternate. Each run reports wall seconds of
 the simulation (trace loading apart), the CPU seconds of its process, and the host's CPU
 steal and load average over it (the machine is shared: CPU seconds move less than wall
-seconds). `same_outcome` compares a digest of every job's start and end time, the cycle
-count and the utilisation series of the two versions, computed in this run.
+seconds), and the process's peak resident memory (loading included). `same_outcome`
+compares a digest of every job's start and end time, the cycle count and the utilisation
+series of the two versions, computed in this run.
 
 Run:  .venv/bin/python bench/simulator.py [--synthetic-jobs N] [--skip-synthetic]
 Prints one JSON object on stdout; progress on stderr.
@@ -36,13 +37,15 @@ from typing import Any
 from phalanx.sim.demo import find_trace
 
 REPO = Path(__file__).resolve().parents[1]
-BASELINE_REV = "60bc35e"  # the last commit before the fast paths (branch simfast)
+# The last commit before this round of work (branch simfast2); 60bc35e, the last before
+# the first round (branch simfast), can be passed with --baseline-rev.
+BASELINE_REV = "d2d181f"
 PHILLY_TARGET_S = 10.0
 SYNTHETIC_TARGET_S = 120.0
 
 # Runs inside a fresh interpreter whose `phalanx` is the version under test.
 CHILD = r"""
-import hashlib, json, sys, time
+import hashlib, json, resource, sys, time
 from phalanx.sim.engine import SimConfig, simulate
 from phalanx.sim.layout import uniform
 from phalanx.sim.workload import read_philly, synthetic
@@ -66,6 +69,7 @@ print(json.dumps({
     "jobs": len(res.submit), "gpus": res.gpus, "cycles": res.cycles,
     "load_s": round(load_s, 2), "wall_s": round(wall, 2), "cpu_s": round(cpu, 2),
     "outcome": digest.hexdigest()[:16],
+    "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
 }))
 """
 

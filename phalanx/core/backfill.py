@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
 
 from phalanx.core.decisions import Reservation
 from phalanx.core.model import JobRequest, Placement
@@ -89,6 +90,32 @@ def reserve(
         return Reservation(job.id, now, tuple(nodes)), {n: free_then(n) - g for n in nodes}
     # The sweep is the hot loop of a blocked cycle: plain locals, no closures inside it.
     up, free, rack_of, nodes_ = state.up, state.free, state.rack_of, state.nodes
+    if model is None and not excluded and not held and not state.preempting:
+        # The common case, as `_releases` would sweep it without a generator step per
+        # running job: jobs by expected end, then those without a limit (at inf).
+        running = state.running
+        no_limit = (
+            (math.inf, jid) for jid, run in running.items() if run.request.time_limit_s is None
+        )
+        capacity = state.capacity_ge  # some up node has fewer than g GPUs:
+        small = g >= len(capacity) or capacity[g] < capacity[0]
+        for end, jid in chain(state.ends, no_limit):
+            grew = False
+            for n, mask in running[jid].placement.slots:
+                if not up[n] or (small and nodes_[n].gpus < g):
+                    continue
+                before = free[n] + extra.get(n, 0)
+                after = before + mask.bit_count()
+                extra[n] = after - free[n]
+                if before < g <= after:
+                    rack_q[rack_of[n]] += 1
+                    total += 1
+                    grew = True
+            if grew and total >= need:
+                nodes = _choose(state, need, rack_q, extra, usable, g)
+                spare = {n: free_then(n) - g for n in nodes}
+                return Reservation(job.id, end if end > now else now, tuple(nodes)), spare
+        return None
     for t, placement in _releases(state, now, held):
         grew = False
         for n, mask in placement.slots:
@@ -147,12 +174,18 @@ def _choose(
     free, freed = state.free, extra.get
     for r in sorted(domains[0], key=lambda r: (-rack_q[r], r)):
         # Best fit: (free GPUs then, node) pairs sort as the nodes by that key would.
-        nodes = sorted(
+        nodes = [
             (then, n)
             for n in state.rack_nodes[r]
             if (then := free[n] + freed(n, 0)) >= g and usable(n)
-        )
-        chosen.extend(n for _, n in nodes[: need - len(chosen)])
+        ]
+        want = need - len(chosen)
+        if want == 1:  # one node (a single-node job): the best, without sorting them all
+            if nodes:
+                chosen.append(min(nodes)[1])
+        else:
+            nodes.sort()
+            chosen.extend(n for _, n in nodes[:want])
         if len(chosen) == need:
             break
     return chosen

@@ -54,12 +54,17 @@ class _Cycle:
     config: SchedulerConfig
     quota: QuotaView
     starts: list[Start] = field(default_factory=list)
+    # The last start's placement while not yet taken in the state: taken only if another
+    # job is examined after it (`_examine`), so a cycle that ends with a start — the
+    # common case on a lightly loaded cluster — takes and gives back one placement less.
+    untaken: Placement | None = None
     preemptions: list[Preemption] = field(default_factory=list)
     reasons: dict[int, Reason] = field(default_factory=dict)
     taken_victims: set[int] = field(default_factory=set)
     preemption_attempts: int = 0
     reservation: Reservation | None = None
     spare: dict[int, int] = field(default_factory=dict)
+    spare_only: Constraints | None = None  # Constraints(spare), for jobs without exclusions
     failed_shapes: dict[bool, list[tuple[int, int]]] = field(
         default_factory=lambda: {False: [], True: []}
     )
@@ -80,7 +85,8 @@ class _Cycle:
     # already known not to fit (see `_settled_reason`); cleared when a shape fails.
     settled: dict[tuple[int, int, bool], bool] = field(default_factory=dict)
     # The reasons of settled shapes: `reason_memo`'s entries for them, cleared with it.
-    settled_reasons: dict[tuple[int, int, bool], Reason] = field(default_factory=dict)
+    # (Keyed by the shape key's id in `ClusterState.shape_keys`.)
+    settled_reasons: dict[int, Reason] = field(default_factory=dict)
 
     def known_to_fail(self, job: JobRequest, limited: bool) -> bool:
         nodes, per_node = job.nodes, job.gpus_per_node
@@ -104,6 +110,18 @@ NO_NODE_UP = Reason(
     ReasonCode.NODES_UNAVAILABLE,
     "no node with GPUs is up: every node is down or drained; it waits for one to come back",
 )
+
+
+WAITING = Reason(ReasonCode.PRIORITY, "waiting for jobs ahead of it")
+
+
+@lru_cache(maxsize=64)
+def _beyond_depth(depth: int) -> Reason:
+    """The reason of the jobs beyond the depth (made once per depth, not per cycle)."""
+    return Reason(
+        ReasonCode.NOT_CONSIDERED,
+        f"not examined this cycle: only the first {depth} queued jobs are",
+    )
 
 
 def schedule(
@@ -135,14 +153,15 @@ def schedule(
             team_reasons={},
             default_reason=NO_NODE_UP,
         )
-    default = Reason(ReasonCode.PRIORITY, "waiting for jobs ahead of it")
+    default = WAITING
     try:
         # Phase 2 — order: merge the team queues by the policy's key (runs of one team).
         stop = _examine(cycle, _queue_runs(state, now))
         if stop is not None:
             default = stop
     finally:
-        for start in reversed(cycle.starts):
+        taken = cycle.starts if cycle.untaken is None else cycle.starts[:-1]
+        for start in reversed(taken):
             state.give(start.placement)
         for _, hold in reversed(cycle.holds):
             state.give(hold)
@@ -213,7 +232,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
         if placement is None:
             cycle.remember_failure(job, limited)
     if placement is not None:
-        state.take(placement)
+        cycle.untaken = placement  # `_examine` takes it before examining another job
         cycle.reason_memo.clear()
         cycle.settled_reasons.clear()
         cycle.quota.add(job.team, job.gpus)
@@ -222,7 +241,7 @@ def _consider(cycle: _Cycle, job: JobRequest) -> Reason | None:
         cycle.starts.append(
             Start(job.id, placement, admission.borrowed, backfilled=cycle.reservation is not None)
         )
-        return _stop_if_full(cycle)
+        return _stop_if_full(cycle, placement.slots)
     # Phase 5 — preemption: free a fitting placement from lower-ranked jobs.
     if cycle.preempt_possible and _preempt(cycle, job, excluded, constraints, limited):
         return None
@@ -260,70 +279,91 @@ def _examine(cycle: _Cycle, runs: Iterator[tuple[SortedList, int, int]]) -> Reas
     """Phases 3–7 for the queued jobs in order, up to the depth; returns the reason for
     every later job if the cycle stops early."""
     state, depth = cycle.state, cycle.config.depth
-    pending, waiting_on, teams, reasons = (
-        state.pending,
-        state.waiting_on,
-        state.teams,
-        cycle.reasons,
-    )
+    pending, waiting_on, reasons = state.pending, state.waiting_on, cycle.reasons
+    plain_jobs, shape_keys = state.plain, state.shape_keys
     now, settled_shapes, reason_memo = cycle.now, cycle.settled, cycle.reason_memo
     settled_reasons = cycle.settled_reasons
     examined = 0
+    untaken = False  # whether cycle.untaken is set
     settling = False  # behind a reservation with no preemption left to try
     horizon = math.inf  # the reservation's start, once settling
     # Teams whose jobs pass phase 3 without a quota check (teams do not change in a cycle).
-    quota_teams = {name for name, team in teams.items() if team.quota is not None}
-    beyond_depth = Reason(
-        ReasonCode.NOT_CONSIDERED,
-        f"not examined this cycle: only the first {depth} queued jobs are",
-    )
+    quota_teams = state.quota_teams
+    # While settling, with no start to take, no preemptor waiting and no team with a quota,
+    # a plain job's settled reason is all the loop has to find (the first test below).
+    plain_only = not waiting_on and not quota_teams
+    fast = False
+    beyond_depth = _beyond_depth(depth)
     for queue, first, stop_at in runs:  # runs are never empty
         if examined >= depth:
             return beyond_depth
         last = min(stop_at, first + depth - examined)
         examined += last - first
         for _, job_id in _run_items(queue, first, last):
-            job = pending[job_id]
+            if fast:  # the hot loop: as the settled path below, with its tests already met
+                plain = plain_jobs.get(job_id)
+                if plain is not None:
+                    reason = settled_reasons.get(
+                        plain[2] if now + plain[0] <= horizon else plain[1]
+                    )
+                    if reason is not None:
+                        reasons[job_id] = reason
+                        if cycle.nothing_fits is not False:
+                            stop = _stop_if_nothing_fits(cycle)
+                            if stop is not None:
+                                return stop
+                        continue
+            if untaken:  # the previous job started: take its GPUs before looking further
+                assert cycle.untaken is not None
+                state.take(cycle.untaken)
+                cycle.untaken = None
+                untaken = False
+                fast = settling and plain_only
             # Behind a reservation most jobs only get the reason their shape already has:
             # found without the phases (the backfill scan of a long queue is the hot loop
-            # of a busy cluster). Plain jobs only, for which nothing else can differ.
-            if (
-                settling
-                and job.begin_s is None
-                and job.gpu_model is None
-                and not job.exclude_nodes
-                and not job.nodelist
-                and job_id not in waiting_on
-                and job.team not in quota_teams
-            ):
-                # Settled (see `_settled`): the reason of its shape, nothing else.
-                limit = job.time_limit_s
-                limited = limit is None or not now + limit <= horizon  # not _ends_before
-                key = (job.nodes, job.gpus_per_node, limited)
-                reason = settled_reasons.get(key)
-                if reason is None:
-                    settled = settled_shapes.get(key)
-                    if settled is None:
-                        settled = _settled(cycle, job, limited)
-                    if settled:
-                        reason = reason_memo.get(key)
-                        if reason is None:
-                            reason = _blocked_reason(cycle, job, limited, frozenset())
-                        settled_reasons[key] = reason
-                if reason is not None:
-                    reasons[job_id] = reason
-                    if cycle.nothing_fits is not False:
-                        stop = _stop_if_nothing_fits(cycle)
-                        if stop is not None:
-                            return stop
-                    continue
+            # of a busy cluster). Plain jobs only, for which nothing else can differ; the
+            # state keeps what this needs of each plain queued job (`ClusterState.plain`).
+            if settling:
+                plain = plain_jobs.get(job_id)
+                if (
+                    plain is not None
+                    and job_id not in waiting_on
+                    and (not quota_teams or plain[3] not in quota_teams)
+                ):
+                    # Settled (see `_settled`): the reason of its shape, nothing else.
+                    # `limited` as in `_ends_before` (a job without a limit has inf and
+                    # the same key both ways).
+                    shape_id = plain[2] if now + plain[0] <= horizon else plain[1]
+                    reason = settled_reasons.get(shape_id)
+                    if reason is None:
+                        key = shape_keys[shape_id]
+                        job = pending[job_id]
+                        limited = key[2]
+                        settled = settled_shapes.get(key)
+                        if settled is None:
+                            settled = _settled(cycle, job, limited)
+                        if settled:
+                            reason = reason_memo.get(key)
+                            if reason is None:
+                                reason = _blocked_reason(cycle, job, limited, frozenset())
+                            settled_reasons[shape_id] = reason
+                    if reason is not None:
+                        reasons[job_id] = reason
+                        if cycle.nothing_fits is not False:
+                            stop = _stop_if_nothing_fits(cycle)
+                            if stop is not None:
+                                return stop
+                        continue
+            job = pending[job_id]
             stop = _consider(cycle, job)
             if stop is not None:
                 return stop
+            untaken = cycle.untaken is not None
             settling = cycle.reservation is not None and not _preemption_left(cycle)
             if settling:
                 assert cycle.reservation is not None
                 horizon = cycle.reservation.start_s
+            fast = settling and not untaken and plain_only
         if last < stop_at:
             return beyond_depth
     return None
@@ -345,7 +385,12 @@ def _settled(cycle: _Cycle, job: JobRequest, limited: bool) -> bool:
 
 def _constraints(cycle: _Cycle, excluded: frozenset[int], limited: bool) -> Constraints:
     if limited:
-        return Constraints(cycle.spare, excluded)
+        if excluded:
+            return Constraints(cycle.spare, excluded)
+        spare = cycle.spare_only  # made once per reservation (it reads `spare` live)
+        if spare is None or spare.limits is not cycle.spare:
+            spare = cycle.spare_only = Constraints(cycle.spare)
+        return spare
     return Constraints(excluded=excluded) if excluded else UNCONSTRAINED
 
 
@@ -508,9 +553,13 @@ def _may_try_preemption(cycle: _Cycle, job: JobRequest) -> bool:
     return True
 
 
-def _stop_if_full(cycle: _Cycle) -> Reason | None:
-    """Stop early when nothing more can start: no free GPU and no preemption left to try."""
-    if cycle.state.free_total > 0 or _preemption_left(cycle):
+def _stop_if_full(cycle: _Cycle, taking: tuple[tuple[int, int], ...] = ()) -> Reason | None:
+    """Stop early when nothing more can start: no free GPU and no preemption left to try.
+    `taking`: the slots of a start not yet taken in the state (`_Cycle.untaken`)."""
+    free = cycle.state.free_total
+    for _, mask in taking:
+        free -= mask.bit_count()
+    if free > 0 or _preemption_left(cycle):
         return None
     return Reason(ReasonCode.RESOURCES, "all GPUs are in use or reserved for jobs ahead of it")
 
@@ -529,7 +578,8 @@ def _preemption_possible(state: ClusterState, config: SchedulerConfig) -> bool:
     return (
         state.policy.preemptive
         or max(state.queued_priorities, default=0) > min(state.running_priorities)
-        or any(t.cohort is not None for t in state.teams.values())
+        # A team in a cohort (`set_team` lists each under its cohort; usually none).
+        or any(state.cohorts.values())
     )
 
 
@@ -572,9 +622,12 @@ def _queue_runs(state: ClusterState, now: float) -> Iterator[tuple[SortedList, i
     # (merged key of the team's next job, team index, position, queue, fair share). The job
     # id is the key's last element, so merged keys are unique and never tie.
     heap: list[tuple[tuple[float, ...], int, int, SortedList, float]] = []
-    for index, (team, queue) in enumerate(sorted(state.queues.items())):
-        if not queue:
-            continue
+    queued = [(team, queue) for team, queue in state.queues.items() if queue]
+    if len(queued) == 1:  # one team's queue: all of it, no merge keys to compute
+        yield queued[0][1], 0, len(queued[0][1])
+        return
+    queued.sort(key=_first)  # by team name (the heap's tie-break; keys never tie)
+    for index, (team, queue) in enumerate(queued):
         fairshare = state.fairshare(team, now) if policy.uses_fairshare else 0.0
         heap.append((merge(queue[0][0], fairshare), index, 0, queue, fairshare))
     heapq.heapify(heap)
@@ -590,6 +643,10 @@ def _queue_runs(state: ClusterState, now: float) -> Iterator[tuple[SortedList, i
         yield queue, first, high
         if high < size:
             heapq.heappush(heap, (merge(queue[high][0], fairshare), index, high, queue, fairshare))
+
+
+def _first(pair: tuple[str, SortedList]) -> str:
+    return pair[0]
 
 
 def _infeasible(state: ClusterState, job: JobRequest, capable: dict[int, int]) -> Reason | None:

@@ -39,6 +39,11 @@ DEFAULT_FAIRSHARE_HALFLIFE_S = 7 * 24 * 3600.0
 _LN2 = math.log(2)
 
 
+# (time limit or inf, id of (nodes, GPUs per node, True), id of (nodes, GPUs per node,
+# limit is None), team): see `ClusterState.plain`.
+PlainJob = tuple[float, int, int, str]
+
+
 class StateError(ValueError):
     """An adapter asked the state for something impossible (unknown job, busy GPUs, …)."""
 
@@ -124,6 +129,13 @@ class ClusterState:
         self.queued_limits: SortedList = SortedList()  # time limits of queued jobs (inf: none)
         self.queued_priorities: Counter[int] = Counter()
         self.queued_gpus_per_node: Counter[int] = Counter()
+        # Queued plain jobs (no begin time, GPU model, nodelist or exclusions): their time
+        # limit (inf: none), the ids of their shape keys (nodes, GPUs per node, limited)
+        # with and without a reservation's limits, and team — what the cycle's settled-job
+        # scan reads. A shape key's id indexes `shape_keys` (ints hash faster than tuples).
+        self.plain: dict[int, PlainJob] = {}
+        self.shape_keys: list[tuple[int, int, bool]] = []
+        self.shape_ids: dict[tuple[int, int, bool], int] = {}
         self.held: dict[int, Dependency] = {}  # waiting on this dependency
         self.never: dict[int, Dependency] = {}  # dependency that can never be satisfied
         self.dependents: dict[int, set[int]] = {}
@@ -137,6 +149,7 @@ class ClusterState:
 
         # Teams, quotas, fair share.
         self.teams: dict[str, Team] = {}
+        self.quota_teams: set[str] = set()  # the teams with a quota
         self.usage: dict[str, int] = {}
         self.cohorts: dict[str, list[str]] = {}
         self._fairshare: dict[str, tuple[float, float]] = {}  # team → (decayed GPU-s, as of)
@@ -229,6 +242,10 @@ class ClusterState:
         if old is not None and old.cohort is not None:
             self.cohorts[old.cohort].remove(old.name)
         self.teams[team.name] = team
+        if team.quota is None:
+            self.quota_teams.discard(team.name)
+        else:
+            self.quota_teams.add(team.name)
         self.usage.setdefault(team.name, 0)
         if team.cohort is not None:
             self.cohorts.setdefault(team.cohort, []).append(team.name)
@@ -315,6 +332,20 @@ class ClusterState:
         self.queued_gpus_per_node[job.gpus_per_node] += 1
         if job.begin_s is not None:
             self.begins.add((job.begin_s, job.id))
+        elif job.gpu_model is None and not job.exclude_nodes and not job.nodelist:
+            limited = self._shape_id((job.nodes, job.gpus_per_node, True))
+            if job.time_limit_s is None:
+                self.plain[job.id] = (math.inf, limited, limited, job.team)
+            else:
+                free = self._shape_id((job.nodes, job.gpus_per_node, False))
+                self.plain[job.id] = (job.time_limit_s, limited, free, job.team)
+
+    def _shape_id(self, key: tuple[int, int, bool]) -> int:
+        shape_id = self.shape_ids.get(key)
+        if shape_id is None:
+            shape_id = self.shape_ids[key] = len(self.shape_keys)
+            self.shape_keys.append(key)
+        return shape_id
 
     def _dequeue(self, job: JobRequest) -> None:
         key = self.queue_key.pop(job.id, None)
@@ -329,6 +360,7 @@ class ClusterState:
                 del self.queued_gpus_per_node[job.gpus_per_node]
             if job.begin_s is not None:
                 self.begins.remove((job.begin_s, job.id))
+            self.plain.pop(job.id, None)
         self.held.pop(job.id, None)
         self.never.pop(job.id, None)
 

@@ -28,7 +28,7 @@ from phalanx.core.placement import domain_of
 from phalanx.sim.failures import FailureModel
 from phalanx.sim.layout import ClusterLayout
 from phalanx.sim.stepmodel import StepModel
-from phalanx.sim.workload import TraceJob, Workload
+from phalanx.sim.workload import TraceJob, Workload, gc_paused
 
 ARRIVE, FINISH, PREEMPT_EXIT, FAIL, REPAIR = range(5)
 
@@ -147,6 +147,14 @@ class Simulator:
 
     # ------------------------------------------------------------------ run
     def run(self, progress: Progress | None = None) -> SimResult:
+        # A replay makes no reference cycles but keeps a few objects per job alive (its
+        # record, request, events): with the cyclic GC on, young collections promote them
+        # and the full ones rescan them all — ~15% of a 1M-job replay's CPU time. Without
+        # cycles, reference counting frees everything the replay drops.
+        with gc_paused():
+            return self._run(progress)
+
+    def _run(self, progress: Progress | None) -> SimResult:
         wall0 = time.perf_counter()
         res = self.result
         arrivals, n_arrivals, next_arrival = self.arrivals, len(self.arrivals), 0

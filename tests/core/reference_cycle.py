@@ -83,6 +83,9 @@ def reference_schedule(
                 )
                 break
             stop = _consider(cycle, job)
+            if cycle.untaken is not None:  # it started: its GPUs are taken at once
+                state.take(cycle.untaken)
+                cycle.untaken = None
             if stop is not None:
                 default = stop
                 break

@@ -5,6 +5,7 @@ decisions, and the cycle leaves the state as it found it."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, replace
 from typing import Any
@@ -157,7 +158,26 @@ def snapshot(state: ClusterState) -> dict[str, Any]:
         "waiting_on": {j: set(v) for j, v in state.waiting_on.items()},
         "fairshare": dict(state._fairshare),
         "node_jobs": [dict(d) for d in state.node_jobs],
+        "plain": dict(state.plain),
     }
+
+
+def check_plain(state: ClusterState) -> None:
+    """`state.plain` holds exactly the queued plain jobs (no begin time, GPU model,
+    nodelist or exclusions), each with its time limit, shape keys and team."""
+    expected = {}
+    for job_id in state.queue_key:
+        job = state.pending[job_id]
+        plain = job.gpu_model is None and not job.exclude_nodes and not job.nodelist
+        if plain and job.begin_s is None:
+            limit = math.inf if job.time_limit_s is None else job.time_limit_s
+            shape = (job.nodes, job.gpus_per_node)
+            unlimited = job.time_limit_s is None
+            expected[job_id] = (limit, (*shape, True), (*shape, unlimited), job.team)
+    keys = state.shape_keys
+    assert {j: (p[0], keys[p[1]], keys[p[2]], p[3]) for j, p in state.plain.items()} == expected
+    assert all(state.shape_ids[key] == i for i, key in enumerate(keys))
+    assert state.quota_teams == {t.name for t in state.teams.values() if t.quota is not None}
 
 
 def check_masks(state: ClusterState) -> None:
@@ -316,6 +336,7 @@ def apply_and_check(state: ClusterState, decisions: Decisions, now: float) -> No
     for start in decisions.starts:
         state.start(start.job_id, start.placement, now, start.borrowed)
     check_masks(state)
+    check_plain(state)
     for run in state.running.values():
         assert len(run.placement.slots) == run.request.nodes
         for _, mask in run.placement.slots:

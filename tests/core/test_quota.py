@@ -169,3 +169,22 @@ def test_usage_follows_start_and_finish() -> None:
     assert state.running[1].borrowed == 2
     state.requeue(1, 10.0)
     assert state.usage["a"] == 0
+
+
+def test_a_quota_set_or_lifted_later_applies_at_the_next_cycle() -> None:
+    """The state keeps the teams with a quota (`quota_teams`, read by the cycle's settled
+    scan) up to date as `set_team` changes a team."""
+    from phalanx.core import ClusterState
+
+    state = ClusterState(NODES, [Team("a")])
+    for i in range(3):
+        state.submit(job(i, team="a", gpus=8), 0.0)
+    assert len(schedule(state, 0.0).starts) == 3
+    state.set_team(Team("a", quota=8))
+    assert state.quota_teams == {"a"}
+    decisions = schedule(state, 0.0)
+    assert [s.job_id for s in decisions.starts] == [0]
+    assert decisions.reason_for(state.pending[1]).code is QUOTA
+    state.set_team(Team("a"))
+    assert state.quota_teams == set()
+    assert len(schedule(state, 0.0).starts) == 3
