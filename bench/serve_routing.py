@@ -1,7 +1,7 @@
 """KV-aware routing vs round-robin on the Mooncake conversation trace (issue 15).
 
     .venv/bin/python bench/serve_routing.py [--every 40] [--scale 0.02] [--compress 40]
-        [--num 150] [--replicas 4] [--slots 4] [--ctx 8192] [--smoke]
+        [--num 200] [--replicas 4] [--slots 4] [--ctx 8192] [--repeat 1] [--smoke]
 
 For each policy (round-robin first, then kv-aware), on FRESH processes (nothing of the
 first run's KV or prefix index reaches the second): `--replicas` real llama-server replicas
@@ -9,7 +9,9 @@ of SmolLM2-135M (phalanx.serve.engines' command line, `-t 1 -np SLOTS -c CTX`) b
 `phalanx serve router --replica … --no-auth --policy P` (its own process, no head), each
 replica and the router warmed up with a short request of unrelated words (not measured),
 then the SAME request list replayed open loop through the router with the bench client
-(phalanx.serve.bench.run_async: streaming completions, greedy, ignore_eos).
+(phalanx.serve.bench.run_async: streaming completions, greedy, ignore_eos). `--repeat N`
+runs N pairs, alternating which policy goes first (the shared host's load drifts); each
+pair is reported (`runs`) and each policy's figures pool every request of its runs.
 
 The trace, scaled down (each factor echoed in the JSON): 1 Mooncake conversation in
 `--every` (all its turns: the trace's prefix sharing is kept — a whole-trace sample shares
@@ -34,8 +36,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,19 +58,35 @@ from serve_common import (
     warm_up,
 )
 
-from phalanx.serve.bench import BenchConfig, BenchRequest, Goodput, Result, run_async
+from phalanx.serve.bench import (
+    BenchConfig,
+    BenchRequest,
+    Goodput,
+    Metrics,
+    Result,
+    calculate_metrics,
+    run_async,
+)
 
 POLICIES = ("round-robin", "kv-aware")
 
 
-def stat(result: Result, name: str) -> dict[str, float]:
-    s = getattr(result.metrics, name)
+@dataclass
+class Run:
+    """One policy's run: the client's records and the router's counters over it."""
+
+    result: Result
+    blocks: float  # prompt blocks the router hashed
+    cached: float  # of which its prefix index predicted cached
+    per_replica: list[int]
+
+
+def stat(metrics: Metrics, name: str) -> dict[str, float]:
+    s = getattr(metrics, name)
     return {"mean": round(s.mean, 1), "median": round(s.median, 1), "p99": round(s.p99, 1)}
 
 
-def one_policy(
-    args: argparse.Namespace, policy: str, requests: list[BenchRequest]
-) -> dict[str, Any]:
+def one_policy(args: argparse.Namespace, policy: str, requests: list[BenchRequest]) -> Run:
     with tempfile.TemporaryDirectory(prefix="phalanx-bench-routing-") as tmp:
         folder = Path(tmp)
         procs: list[Proc] = []
@@ -83,31 +103,47 @@ def one_policy(
             wait_ready(router)
             warm_up(router.url, count=args.replicas)
             before = prometheus(router.url)
-            config = BenchConfig(
-                url=router.url,
-                model=MODEL,
-                slo=Goodput(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms),
-                timeout_s=300.0,
-            )
-            result = asyncio.run(run_async(config, requests))
+            result = asyncio.run(run_async(config(args, router.url), requests))
             after = prometheus(router.url)
-    m = result.metrics
-    blocks = delta(after, before, "phalanx_router_prompt_blocks_total")
-    cached = delta(after, before, "phalanx_router_cached_blocks_total")
     per_replica = sorted(
         int(v - before.get(k, 0.0))
         for k, v in after.items()
         if k.startswith("phalanx_router_replica_requests")
     )
+    return Run(
+        result,
+        delta(after, before, "phalanx_router_prompt_blocks_total"),
+        delta(after, before, "phalanx_router_cached_blocks_total"),
+        per_replica,
+    )
+
+
+def config(args: argparse.Namespace, url: str) -> BenchConfig:
+    return BenchConfig(
+        url=url,
+        model=MODEL,
+        slo=Goodput(ttft_ms=args.slo_ttft_ms, tpot_ms=args.slo_tpot_ms),
+        timeout_s=300.0,
+    )
+
+
+def summary(args: argparse.Namespace, runs: list[Run]) -> dict[str, Any]:
+    """One policy over its runs (pooled: every request of every run)."""
+    records = [r for run in runs for r in run.result.records]
+    duration = sum(run.result.metrics.duration_s for run in runs)
+    m = calculate_metrics(records, duration, Goodput(args.slo_ttft_ms, args.slo_tpot_ms))
+    blocks = sum(run.blocks for run in runs)
+    cached = sum(run.cached for run in runs)
     return {
+        "runs": len(runs),
         "completed": m.completed,
         "failed": m.failed,
         "errors": list(m.errors)[:5],
         "duration_s": round(m.duration_s, 1),
-        "ttft_ms": stat(result, "ttft_ms"),
-        "tpot_ms": stat(result, "tpot_ms"),
-        "itl_ms": stat(result, "itl_ms"),
-        "e2e_ms": stat(result, "e2el_ms"),
+        "ttft_ms": stat(m, "ttft_ms"),
+        "tpot_ms": stat(m, "tpot_ms"),
+        "itl_ms": stat(m, "itl_ms"),
+        "e2e_ms": stat(m, "e2el_ms"),
         "request_throughput": round(m.request_throughput, 3),
         "request_goodput": round(m.request_goodput or 0.0, 3),
         "slo_attainment": round(m.slo_attainment or 0.0, 3),
@@ -119,27 +155,42 @@ def one_policy(
             None if m.prefix_cache_hit_rate is None else round(m.prefix_cache_hit_rate, 3)
         ),
         "router_predicted_hit_rate": round(cached / blocks, 3) if blocks else None,
-        "requests_per_replica": per_replica,
+        "requests_per_replica": [
+            sum(x) for x in zip(*(run.per_replica for run in runs), strict=True)
+        ],
+    }
+
+
+def ratios(rr: dict[str, Any], kv: dict[str, Any]) -> dict[str, float]:
+    def ratio(metric: str, key: str = "mean") -> float:
+        return round(float(rr[metric][key]) / max(float(kv[metric][key]), 1e-9), 2)
+
+    return {
+        "ttft_mean": ratio("ttft_ms"),
+        "ttft_p99": ratio("ttft_ms", "p99"),
+        "tpot_mean": ratio("tpot_ms"),
+        "e2e_mean": ratio("e2e_ms"),
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--every", type=int, default=40, help="1 conversation in N")
+    parser.add_argument("--every", type=int, default=100, help="1 conversation in N")
     parser.add_argument("--scale", type=float, default=0.02, help="token lengths ×")
     parser.add_argument("--compress", type=float, default=40.0, help="arrival times ÷")
     parser.add_argument("--offset", type=int, default=0, help="skip the sample's first N")
-    parser.add_argument("--num", type=int, default=150, help="requests (after sampling)")
+    parser.add_argument("--num", type=int, default=200, help="requests (after sampling)")
     parser.add_argument("--max-input", type=int, default=2048)
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--slots", type=int, default=4, help="-np of every replica")
     parser.add_argument("--ctx", type=int, default=8192, help="-c of every replica")
     parser.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=100.0)
+    parser.add_argument("--repeat", type=int, default=1, help="pairs of runs, order alternating")
     parser.add_argument("--smoke", action="store_true", help="2 replicas, 8 requests (tests)")
     args = parser.parse_args()
     if args.smoke:
-        args.replicas, args.num, args.scale, args.max_input = 2, 8, 0.003, 128
+        args.replicas, args.num, args.scale, args.max_input = 2, 8, 0.005, 192
         args.slots, args.ctx, args.compress = 2, 2048, 400.0
     requests = sampled_trace(
         "mooncake",
@@ -179,15 +230,27 @@ def main() -> int:
             "note": "replicas, router and client share this host's cores",
         },
     }
+    runs: dict[str, list[Run]] = {p: [] for p in POLICIES}
+    out["runs"] = []
+    for k in range(args.repeat):
+        # Alternate which policy goes first: the host's load drifts between runs.
+        order = POLICIES if k % 2 == 0 else POLICIES[::-1]
+        for policy in order:
+            runs[policy].append(one_policy(args, policy, requests))
+        one = {p: summary(args, [runs[p][k]]) for p in POLICIES}
+        out["runs"].append(
+            {
+                "order": list(order),
+                "ttft_mean_ms": {p: one[p]["ttft_ms"]["mean"] for p in POLICIES},
+                "ttft_p99_ms": {p: one[p]["ttft_ms"]["p99"] for p in POLICIES},
+                "engine_hit_rate": {p: one[p]["engine_prefix_cache_hit_rate"] for p in POLICIES},
+                "ratio_rr_over_kv": ratios(one["round-robin"], one["kv-aware"]),
+                "loadavg_1m": round(os.getloadavg()[0], 2),
+            }
+        )
     for policy in POLICIES:
-        out[policy] = one_policy(args, policy, requests)
-    rr, kv = out["round-robin"], out["kv-aware"]
-    out["ratio_rr_over_kv"] = {
-        "ttft_mean": round(rr["ttft_ms"]["mean"] / max(kv["ttft_ms"]["mean"], 1e-9), 2),
-        "ttft_p99": round(rr["ttft_ms"]["p99"] / max(kv["ttft_ms"]["p99"], 1e-9), 2),
-        "tpot_mean": round(rr["tpot_ms"]["mean"] / max(kv["tpot_ms"]["mean"], 1e-9), 2),
-        "e2e_mean": round(rr["e2e_ms"]["mean"] / max(kv["e2e_ms"]["mean"], 1e-9), 2),
-    }
+        out[policy] = summary(args, runs[policy])
+    out["ratio_rr_over_kv"] = ratios(out["round-robin"], out["kv-aware"])
     out["target_2x_lower_mean_ttft_met"] = out["ratio_rr_over_kv"]["ttft_mean"] >= 2.0
     out["host"] = host(before)
     print(json.dumps(out, indent=2))
