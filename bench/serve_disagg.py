@@ -22,11 +22,11 @@ lengths × `--scale`, arrival times ÷ `--compress` (rate = the trace's × compr
 the first `--num` of the sample.
 
 Reports per side TTFT, TPOT, ITL, E2E (mean/median/p99 ms), goodput under the SLOs, and
-for the disaggregated side the hand-off's time (the router's
-phalanx_router_handoff_seconds: its prefill + save + restore, i.e. everything before the
-decode replica is asked) and the transfer's (save + restore) share is in
-bench/serve_handoff.py at concurrency 1; here the hand-off's share of the mean TTFT. Then
-ratios disaggregated / aggregated and the host (CPUs, CPU steal, load average).
+for the disaggregated side the hand-off's mean time (the router's
+phalanx_router_handoff_seconds: waiting for slots + the prefill request + save + restore,
+everything before the decode replica is asked) and its share of the mean TTFT (the
+transfer alone, save + restore, is what bench/serve_handoff.py measures at concurrency 1);
+then ratios disaggregated / aggregated and the host (CPUs, CPU steal, load average).
 """
 
 from __future__ import annotations
