@@ -1,8 +1,8 @@
 """Aggregated vs disaggregated serving at equal CPU share on the Azure 2023 conversation
 trace, through the router (issue 15).
 
-    .venv/bin/python bench/serve_disagg.py [--every 20] [--scale 0.2] [--compress 2]
-        [--num 80] [--slots 4] [--ctx 4096]
+    .venv/bin/python bench/serve_disagg.py [--every 20] [--scale 0.1] [--compress 6]
+        [--num 60] [--slots 4] [--ctx 4096]
 
 Both sides run two llama-server replicas of SmolLM2-135M with one thread each (`-t 1`,
 the same `-np` and `-c`), so each side has the same CPU share:
@@ -141,16 +141,20 @@ def one_side(args: argparse.Namespace, side: str, requests: list[BenchRequest]) 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--every", type=int, default=20, help="1 request in N")
-    parser.add_argument("--scale", type=float, default=0.2, help="token lengths ×")
-    parser.add_argument("--compress", type=float, default=2.0, help="arrival times ÷")
+    parser.add_argument("--scale", type=float, default=0.1, help="token lengths ×")
+    parser.add_argument("--compress", type=float, default=6.0, help="arrival times ÷")
     parser.add_argument("--offset", type=int, default=0, help="skip the sample's first N")
-    parser.add_argument("--num", type=int, default=80, help="requests (after sampling)")
+    parser.add_argument("--num", type=int, default=60, help="requests (after sampling)")
     parser.add_argument("--max-input", type=int, default=1536)
     parser.add_argument("--slots", type=int, default=4, help="-np of every replica")
     parser.add_argument("--ctx", type=int, default=4096, help="-c of every replica")
     parser.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=100.0)
     args = parser.parse_args()
+    if args.every < 1 or args.num < 1 or args.slots < 1 or args.ctx < 256:
+        parser.error("--every, --num, --slots (and --repeat, --replicas) must be ≥ 1, --ctx ≥ 256")
+    if not (args.scale > 0 and args.compress > 0 and args.max_input >= 1):
+        parser.error("--scale and --compress must be positive, --max-input ≥ 1")
     requests = sampled_trace(
         "azure-conv",
         every=args.every,

@@ -1,6 +1,6 @@
 """KV-aware routing vs round-robin on the Mooncake conversation trace (issue 15).
 
-    .venv/bin/python bench/serve_routing.py [--every 40] [--scale 0.02] [--compress 40]
+    .venv/bin/python bench/serve_routing.py [--every 100] [--scale 0.02] [--compress 40]
         [--num 200] [--replicas 4] [--slots 4] [--ctx 8192] [--repeat 1] [--smoke]
 
 For each policy (round-robin first, then kv-aware), on FRESH processes (nothing of the
@@ -189,6 +189,11 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="pairs of runs, order alternating")
     parser.add_argument("--smoke", action="store_true", help="2 replicas, 8 requests (tests)")
     args = parser.parse_args()
+    counts = (args.every, args.num, args.slots, args.repeat, args.replicas)
+    if min(counts) < 1 or args.ctx < 256:
+        parser.error("--every, --num, --slots (and --repeat, --replicas) must be ≥ 1, --ctx ≥ 256")
+    if not (args.scale > 0 and args.compress > 0 and args.max_input >= 1):
+        parser.error("--scale and --compress must be positive, --max-input ≥ 1")
     if args.smoke:
         args.replicas, args.num, args.scale, args.max_input = 2, 8, 0.005, 192
         args.slots, args.ctx, args.compress = 2, 2048, 400.0
