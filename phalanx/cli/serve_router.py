@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from phalanx.api.serving import Engine, Policy
+from phalanx.serve.router.autoscale import AutoscaleOptions, autoscale_job
 from phalanx.serve.router.server import RouterOptions, RouterSetupError, serve
 
 POLICIES = ("round-robin", "least-load", "power-of-two", "kv-aware")
@@ -170,6 +171,42 @@ def serve_router(
     max_in_flight: Annotated[
         int, typer.Option(min=1, max=1_000_000, help="Requests answered at once (more: 503).")
     ] = 4096,
+    autoscale: Annotated[
+        bool,
+        typer.Option(
+            "--autoscale",
+            help="Run the SLO autoscaler beside the router (head mode): pools with "
+            "min/max replicas are scaled to hold their SLO. One acts per deployment (a "
+            "lease on the head); other routers with --autoscale stand by.",
+        ),
+    ] = False,
+    autoscale_interval: Annotated[
+        float, typer.Option(min=0.1, max=3600, help="--autoscale: seconds between passes.")
+    ] = 5.0,
+    autoscale_window: Annotated[
+        float, typer.Option(min=1, max=3600, help="--autoscale: seconds of measurements judged.")
+    ] = 30.0,
+    autoscale_up_cooldown: Annotated[
+        float, typer.Option(min=0, max=86400, help="--autoscale: seconds between steps up.")
+    ] = 10.0,
+    autoscale_miss_cooldown: Annotated[
+        float,
+        typer.Option(
+            min=0, max=86400, help="--autoscale: seconds after a step up before misses alone count."
+        ),
+    ] = 45.0,
+    autoscale_down_cooldown: Annotated[
+        float,
+        typer.Option(
+            min=0, max=86400, help="--autoscale: seconds after any change before a step down."
+        ),
+    ] = 60.0,
+    autoscale_down_stable: Annotated[
+        float,
+        typer.Option(
+            min=0, max=86400, help="--autoscale: seconds a pool must be idle enough to step down."
+        ),
+    ] = 30.0,
 ) -> None:
     """Serve the OpenAI API (`/v1/completions`, `/v1/chat/completions`, `/v1/models`) in
     front of a deployment's replicas, with Phalanx tokens, per-team rate limits and a
@@ -205,7 +242,18 @@ def serve_router(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per token check otherwise
     try:
-        serve(options, host, port)
+        background = []
+        if autoscale:
+            auto = AutoscaleOptions(
+                interval_s=autoscale_interval,
+                window_s=autoscale_window,
+                up_cooldown_s=autoscale_up_cooldown,
+                miss_cooldown_s=autoscale_miss_cooldown,
+                down_cooldown_s=autoscale_down_cooldown,
+                down_stable_s=autoscale_down_stable,
+            )
+            background.append(autoscale_job(options, port, auto))
+        serve(options, host, port, background=background)
     except RouterSetupError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None

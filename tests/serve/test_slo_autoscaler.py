@@ -47,7 +47,15 @@ class Head:
             raise ApiError(404, f"no deployment {name!r}")
         return self.info
 
-    def scale(self, name: str, pool: PoolRole, replicas: int) -> DeploymentInfo:
+    def scale(
+        self,
+        name: str,
+        pool: PoolRole,
+        replicas: int,
+        *,
+        reason: str | None = None,
+        autoscaler: str | None = None,
+    ) -> DeploymentInfo:
         self.calls.append((name, pool, replicas))
         if self.refuse is not None:
             raise self.refuse
@@ -59,6 +67,12 @@ class Head:
         ]
         self.info = self.info.model_copy(update={"pools": pools})
         return self.info
+
+    def claim_autoscaler(self, name: str, holder: str, ttl_s: float) -> object:
+        raise AssertionError("these tests run without a holder")
+
+    def release_autoscaler(self, name: str, holder: str) -> None:
+        raise AssertionError("these tests run without a holder")
 
     def desired(self, role: PoolRole) -> int:
         return next(p.desired for p in self.info.pools if p.role == role)
