@@ -13,7 +13,7 @@ jobs, sampled from the head every 0.5 s), and for the autoscaled pool its decisi
 head's event log). Ratios: attainment and replica-seconds of the autoscaled pool against
 the fixed-high one. Prints one JSON object, with the host's CPU steal and load average.
 
-    .venv/bin/python bench/serve_autoscale.py          # ~7 minutes with the defaults
+    .venv/bin/python bench/serve_autoscale.py          # ~9 minutes with the defaults
 
 The defaults are sized for a 2-core machine: one-slot replicas (`-np 1 -t 1`), so one
 replica serves one request at a time; 16-token prompts, 12-token answers.
@@ -217,10 +217,10 @@ def _path(values: list[int]) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--low", type=float, default=1.5, help="req/s before and after the step")
-    ap.add_argument("--seconds", type=float, default=40.0, help="each phase's length")
-    ap.add_argument("--ttft-ms", type=float, default=1000.0)
-    ap.add_argument("--tpot-ms", type=float, default=150.0)
+    ap.add_argument("--low", type=float, default=2.0, help="req/s before and after the step")
+    ap.add_argument("--seconds", type=float, default=60.0, help="each phase's length")
+    ap.add_argument("--ttft-ms", type=float, default=600.0)
+    ap.add_argument("--tpot-ms", type=float, default=100.0)
     ap.add_argument("--input-len", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=12)
     ap.add_argument("--slots", type=int, default=1, help="slots per replica (-np)")
@@ -237,8 +237,8 @@ def main() -> None:
     base = PoolSpec(slots=args.slots, args=engine_args, slo=slo)
     # The policy's defaults compressed to the benchmark's minute-long phases.
     auto_flags = [
-        "--autoscale", "--autoscale-interval", "1", "--autoscale-window", "6",
-        "--autoscale-up-cooldown", "2", "--autoscale-miss-cooldown", "6",
+        "--autoscale", "--autoscale-interval", "0.5", "--autoscale-window", "5",
+        "--autoscale-up-cooldown", "2", "--autoscale-miss-cooldown", "5",
         "--autoscale-down-cooldown", "10", "--autoscale-down-stable", "8",
     ]  # fmt: skip
     pools = {

@@ -250,7 +250,9 @@ class Autoscaler:
             while not stop.is_set():
                 try:
                     await asyncio.to_thread(self.step)
-                except Exception:  # the loop must outlive any one pass (head down, bad answer)
+                except ApiError as exc:  # head down, deployment gone, no right to scale it
+                    log.warning("autoscaler %s: a pass failed: %s", self.deployment, exc)
+                except Exception:  # the loop must outlive any one pass (a bad answer)
                     log.exception("autoscaler %s: a pass failed; trying again", self.deployment)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self.interval_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import sqlite3
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -207,6 +208,19 @@ def test_one_autoscaler_acts_per_deployment(world: World) -> None:
     with pytest.raises(ApiError) as hidden:
         w.bob.claim_autoscaler(NAME, "bob", 30)
     assert hidden.value.status == 404
+    # Bounded fields: a holder outside its charset or length, a reason over 512 characters.
+    base = f"{w.cluster.url}/v1/serve/deployments/{NAME}"
+    auth = {"Authorization": f"Bearer {w.token}"}
+    ca = ssl.create_default_context(cafile=str(w.cluster.ca_file))
+    for path, body in (
+        ("/autoscaler", {"holder": "a b", "ttl_s": 5}),
+        ("/autoscaler", {"holder": "x" * 129, "ttl_s": 5}),
+        ("/autoscaler", {"holder": "x", "ttl_s": 10_000}),
+        ("/scale", {"replicas": 2, "reason": "r" * 513}),
+    ):
+        r = httpx.post(base + path, json=body, headers=auth, verify=ca)
+        assert r.status_code == 422, (path, body, r.text)
+    assert httpx.post(base + "/autoscaler", json={"holder": "x"}, verify=ca).status_code == 401
     # The first stops (and releases the lease): the second takes over.
     w.router.proc.send_signal(signal.SIGTERM)
     w.router.proc.wait(timeout=30)
