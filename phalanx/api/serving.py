@@ -43,6 +43,10 @@ DeploymentName = Annotated[
 ]
 ModelName = Annotated[str, StringConstraints(min_length=1, max_length=256), NoNul]
 Millis = Annotated[float, Field(gt=0, le=3_600_000, allow_inf_nan=False)]
+# Who runs an autoscaler (e.g. "router@host:8000-1234"): one holder per deployment.
+AutoscalerId = Annotated[
+    str, StringConstraints(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:@-]+$")
+]
 
 
 class SLO(Wire):
@@ -221,6 +225,8 @@ class DeploymentInfo(Lenient):
     team: Name | None = None
     # The latest summary of each router that reported in (docs/serving-metrics.md).
     stats: list[RouterStatsInfo] = Field(default_factory=list, max_length=MAX_ROUTERS)
+    # Who holds the deployment's autoscaler lease now (None: no autoscaler acts).
+    autoscaler: AutoscalerId | None = None
 
 
 class DeploymentList(Lenient):
@@ -230,6 +236,25 @@ class DeploymentList(Lenient):
 class ScaleRequest(Wire):
     pool: PoolRole = "aggregated"
     replicas: Annotated[int, Field(ge=0, le=MAX_REPLICAS)]
+    # Why (shown in the head's event log), e.g. the autoscaler's decision.
+    reason: Annotated[str, StringConstraints(max_length=512), NoNul] | None = None
+    # Set by an autoscaler: the head refuses (409) unless it holds the deployment's
+    # autoscaler lease (POST /v1/serve/deployments/{name}/autoscaler).
+    autoscaler: AutoscalerId | None = None
+
+
+class AutoscalerClaim(Wire):
+    """`POST /v1/serve/deployments/{name}/autoscaler`: take or renew the deployment's
+    autoscaler lease for `ttl_s` seconds (409 while another holder's lease is live)."""
+
+    holder: AutoscalerId
+    ttl_s: Annotated[float, Field(ge=1, le=600, allow_inf_nan=False)] = 30.0
+
+
+class AutoscalerLease(Lenient):
+    deployment: DeploymentName
+    holder: AutoscalerId
+    expires_in_s: Annotated[float, Field(ge=0, le=600)]
 
 
 class Endpoint(Lenient):

@@ -140,6 +140,8 @@ def _print_info(info: DeploymentInfo) -> None:
     typer.echo(f"  engine {s.engine} ({s.engine_path})  model {s.model}")
     typer.echo(f"  served as {s.served_model_name or s.name}  router {s.router.policy}")
     typer.echo(f"  created {timestamp(info.created_at)}")
+    if info.autoscaler:
+        typer.echo(f"  autoscaled by {info.autoscaler}")
     for p in info.pools:
         line = f"  pool {p.role}: {p.ready}/{p.desired} ready"
         if p.failures:

@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from phalanx.api.serving import Engine, Policy
+from phalanx.serve.router.autoscale import AutoscaleOptions, autoscale_job
 from phalanx.serve.router.server import RouterOptions, RouterSetupError, serve
 
 POLICIES = ("round-robin", "least-load", "power-of-two", "kv-aware")
@@ -58,7 +59,9 @@ def serve_router(
     head: Annotated[
         str | None,
         typer.Option(
-            help="The head's URL (endpoints, and client token checks).", show_default=False
+            help="The head's URL (endpoints, and client token checks); with --deployment, "
+            "default: the client context's head and token, as other phalanx commands.",
+            show_default=False,
         ),
     ] = None,
     deployment: Annotated[
@@ -189,6 +192,42 @@ def serve_router(
             help="Names this router's summaries at the head (default: HOST:PORT it listens on)."
         ),
     ] = None,
+    autoscale: Annotated[
+        bool,
+        typer.Option(
+            "--autoscale",
+            help="Run the SLO autoscaler beside the router (head mode): pools with "
+            "min/max replicas are scaled to hold their SLO. One acts per deployment (a "
+            "lease on the head); other routers with --autoscale stand by.",
+        ),
+    ] = False,
+    autoscale_interval: Annotated[
+        float, typer.Option(min=0.1, max=3600, help="--autoscale: seconds between passes.")
+    ] = 5.0,
+    autoscale_window: Annotated[
+        float, typer.Option(min=1, max=3600, help="--autoscale: seconds of measurements judged.")
+    ] = 30.0,
+    autoscale_up_cooldown: Annotated[
+        float, typer.Option(min=0, max=86400, help="--autoscale: seconds between steps up.")
+    ] = 10.0,
+    autoscale_miss_cooldown: Annotated[
+        float,
+        typer.Option(
+            min=0, max=86400, help="--autoscale: seconds after a step up before misses alone count."
+        ),
+    ] = 45.0,
+    autoscale_down_cooldown: Annotated[
+        float,
+        typer.Option(
+            min=0, max=86400, help="--autoscale: seconds after any change before a step down."
+        ),
+    ] = 60.0,
+    autoscale_down_stable: Annotated[
+        float,
+        typer.Option(
+            min=0, max=86400, help="--autoscale: seconds a pool must be idle enough to step down."
+        ),
+    ] = 30.0,
 ) -> None:
     """Serve the OpenAI API (`/v1/completions`, `/v1/chat/completions`, `/v1/models`) in
     front of a deployment's replicas, with Phalanx tokens, per-team rate limits and a
@@ -198,6 +237,8 @@ def serve_router(
     host, port = _listen(listen)
     token = _read_secret(token_file, "a token") or os.environ.get("PHALANX_TOKEN")
     ca = str(ca_file) if ca_file else os.environ.get("PHALANX_CA_FILE")
+    if deployment is not None and (head is None or token is None):
+        head, token, ca = _from_context(head, token, ca)
     options = RouterOptions(
         head=head,
         deployment=deployment,
@@ -227,10 +268,37 @@ def serve_router(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per token check otherwise
     try:
-        serve(options, host, port)
+        background = []
+        if autoscale:
+            auto = AutoscaleOptions(
+                interval_s=autoscale_interval,
+                window_s=autoscale_window,
+                up_cooldown_s=autoscale_up_cooldown,
+                miss_cooldown_s=autoscale_miss_cooldown,
+                down_cooldown_s=autoscale_down_cooldown,
+                down_stable_s=autoscale_down_stable,
+            )
+            background.append(autoscale_job(options, port, auto))
+        serve(options, host, port, background=background)
     except RouterSetupError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from None
+
+
+def _from_context(
+    head: str | None, token: str | None, ca: str | None
+) -> tuple[str, str, str | None]:
+    """A deployment's router with no --head/--token-file: the head, token and CA of the
+    client context in use, as every `phalanx` command finds them."""
+    from phalanx.cli.connect import selected_context
+    from phalanx.client.config import ConfigError, resolve
+
+    try:
+        config = resolve(head, token, context=selected_context())
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from None
+    return config.head, config.token, ca or config.ca
 
 
 def _engine(name: str | None) -> Engine | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from urllib.parse import quote
 
 from phalanx.api.serving import (
+    AutoscalerClaim,
+    AutoscalerLease,
     DeploymentInfo,
     DeploymentList,
     DeploymentSpec,
@@ -32,10 +34,34 @@ class ServeClient:
     def get(self, name: str) -> DeploymentInfo:
         return self.client._call(DeploymentInfo, "GET", f"{BASE}/{quote(name, safe='')}")
 
-    def scale(self, name: str, pool: PoolRole, replicas: int) -> DeploymentInfo:
-        body = ScaleRequest(pool=pool, replicas=replicas)
+    def scale(
+        self,
+        name: str,
+        pool: PoolRole,
+        replicas: int,
+        *,
+        reason: str | None = None,
+        autoscaler: str | None = None,
+    ) -> DeploymentInfo:
+        """Set a pool's count; an autoscaler names itself (it must hold the lease)."""
+        body = ScaleRequest(
+            pool=pool,
+            replicas=replicas,
+            reason=reason[:512] if reason is not None else None,
+            autoscaler=autoscaler,
+        )
         path = f"{BASE}/{quote(name, safe='')}/scale"
         return self.client._call(DeploymentInfo, "POST", path, body=body)
+
+    def claim_autoscaler(self, name: str, holder: str, ttl_s: float) -> AutoscalerLease:
+        """Take or renew the deployment's autoscaler lease (ApiError 409: another holds it)."""
+        path = f"{BASE}/{quote(name, safe='')}/autoscaler"
+        body = AutoscalerClaim(holder=holder, ttl_s=ttl_s)
+        return self.client._call(AutoscalerLease, "POST", path, body=body)
+
+    def release_autoscaler(self, name: str, holder: str) -> None:
+        path = f"{BASE}/{quote(name, safe='')}/autoscaler/{quote(holder, safe='')}"
+        self.client._request("DELETE", path)
 
     def delete(self, name: str) -> None:
         self.client._request("DELETE", f"{BASE}/{quote(name, safe='')}")

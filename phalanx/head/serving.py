@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 from phalanx.api import models as m
 from phalanx.api.serving import (
     MAX_REPLICAS,
+    AutoscalerClaim,
+    AutoscalerLease,
     DeploymentInfo,
     DeploymentList,
     DeploymentSpec,
@@ -66,6 +68,9 @@ class Serving:
         self.controller = Controller(self.mirror, self.runtime_python, self._replica_jobs)
         self.stats = StatsBook(control.clock.time)  # the routers' summaries (serving_stats.py)
         self._seen_errors = control.loop_errors
+        # deployment -> (holder, expiry on the control clock): the one autoscaler that may
+        # scale it (in memory: after a head restart the next claim takes it again).
+        self.leases: dict[str, tuple[str, float]] = {}
         control.move_watchers.append(self._on_moves)
 
     # ------------------------------------------------------------------ life
@@ -173,6 +178,8 @@ class Serving:
                 roles = ", ".join(p.role for p in dep.spec.pools)
                 raise HeadError(422, f"deployment {name} has no {req.pool} pool (it has {roles})")
             pool = pools[0]
+            if req.autoscaler is not None:
+                self._check_lease(name, req.autoscaler, tx.now)
             lo, hi = pool.min_replicas, pool.max_replicas
             if (lo is not None and req.replicas < lo) or (hi is not None and req.replicas > hi):
                 raise HeadError(
@@ -185,10 +192,60 @@ class Serving:
             dep.spec = dep.spec.model_copy(update={"pools": new_pools})
             dep.updated = tx.now
             ss.put_deployment(tx.conn, dep, new=False)
+            if req.replicas != pool.replicas:
+                by = f"autoscaler {req.autoscaler} of {who.user}" if req.autoscaler else who.user
+                why = f": {req.reason}" if req.reason else ""
+                tx.event(
+                    tx.now,
+                    "serve",
+                    f"deployment {name} pool {req.pool} scaled {pool.replicas} -> "
+                    f"{req.replicas} by {by}{why}",
+                )
             self.controller.reconcile(tx, dep)
             return self._info(dep)
 
         return self.control.call(op)
+
+    # ------------------------------------------------------------------ autoscaler lease
+    def claim_autoscaler(
+        self, who: Principal, name: str, claim: AutoscalerClaim
+    ) -> AutoscalerLease:
+        """Take or renew the deployment's autoscaler lease: one autoscaler acts per
+        deployment; another holder is refused (409) until the lease lapses or is released."""
+        with self.control.lock:
+            self._visible(who, name)
+            now = self.control.clock.time()
+            held = self.leases.get(name)
+            if held is not None and held[0] != claim.holder and held[1] > now:
+                raise HeadError(
+                    409,
+                    f"deployment {name} is autoscaled by {held[0]} "
+                    f"(its lease runs {held[1] - now:.0f} s more unless renewed)",
+                )
+            if held is None or held[0] != claim.holder:
+                log.info("deployment %s: autoscaler %s takes the lease", name, claim.holder)
+            self.leases[name] = (claim.holder, now + claim.ttl_s)
+            return AutoscalerLease(deployment=name, holder=claim.holder, expires_in_s=claim.ttl_s)
+
+    def release_autoscaler(self, who: Principal, name: str, holder: str) -> None:
+        """Give the lease up (an autoscaler stopping), if `holder` holds it."""
+        with self.control.lock:
+            self._visible(who, name)
+            held = self.leases.get(name)
+            if held is not None and held[0] == holder:
+                del self.leases[name]
+
+    def _check_lease(self, name: str, holder: str, now: float) -> None:
+        held = self.leases.get(name)
+        if held is None or held[0] != holder or held[1] <= now:
+            owner = f"{held[0]} holds it" if held and held[1] > now else "nobody holds it"
+            raise HeadError(
+                409, f"autoscaler {holder} does not hold deployment {name}'s lease ({owner})"
+            )
+
+    def _autoscaler(self, name: str) -> str | None:
+        held = self.leases.get(name)
+        return held[0] if held is not None and held[1] > self.control.clock.time() else None
 
     def delete(self, who: Principal, name: str) -> None:
         def op(tx: Tx) -> None:
@@ -198,6 +255,7 @@ class Serving:
                 self.controller.cancel(tx, dep, r, f"deployment {name} deleted")
             ss.delete_deployment(tx.conn, name)
             del self.deployments[name]
+            self.leases.pop(name, None)
             self._replica_jobs.difference_update(dep.replicas)
             tx.event(tx.now, "serve", f"deployment {name} deleted by {who.user}")
 
@@ -389,6 +447,7 @@ class Serving:
             replicas=infos,
             team=dep.team,
             stats=self.stats.shown(dep.name),
+            autoscaler=self._autoscaler(dep.name),
         )
 
 

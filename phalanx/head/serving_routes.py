@@ -14,6 +14,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from phalanx.api.models import ErrorBody
 from phalanx.api.serving import (
+    AutoscalerClaim,
+    AutoscalerId,
+    AutoscalerLease,
     DeploymentInfo,
     DeploymentList,
     DeploymentSpec,
@@ -93,6 +96,35 @@ def get_deployment(request: Request, who: User, name: Name) -> DeploymentInfo:
 def scale(request: Request, who: User, name: Name, req: ScaleRequest) -> DeploymentInfo:
     """Set a pool's replica count (within its min/max when it has them)."""
     return _serving(request).scale(who, name, req)
+
+
+LEASED: dict[int | str, dict[str, Any]] = {
+    **NOT_FOUND,
+    409: {"model": ErrorBody, "description": "another autoscaler holds the lease"},
+}
+
+
+@router.post(
+    "/v1/serve/deployments/{name}/autoscaler", response_model=AutoscalerLease, responses=LEASED
+)
+def claim_autoscaler(
+    request: Request, who: User, name: Name, claim: AutoscalerClaim
+) -> AutoscalerLease:
+    """Take or renew the deployment's autoscaler lease (one autoscaler acts at a time;
+    its scale requests name it in `autoscaler`)."""
+    return _serving(request).claim_autoscaler(who, name, claim)
+
+
+@router.delete("/v1/serve/deployments/{name}/autoscaler/{holder}", responses=NOT_FOUND)
+def release_autoscaler(
+    request: Request,
+    who: User,
+    name: Name,
+    holder: Annotated[AutoscalerId, Path()],
+) -> dict[str, str]:
+    """Give the lease up (an autoscaler stopping) if `holder` holds it."""
+    _serving(request).release_autoscaler(who, name, holder)
+    return {"released": name}
 
 
 @router.delete("/v1/serve/deployments/{name}", responses=NOT_FOUND)

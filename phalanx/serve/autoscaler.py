@@ -6,6 +6,12 @@ and for each pool whose spec sets both `min_replicas` and `max_replicas` asks
 core.slo.decide for the replica count, and calls the head's scale endpoint when it
 changes. Pools without bounds are left alone (their `replicas` holds). Nothing the head or
 the stats do stops the loop: a failed pass is logged and the next one tries again.
+
+With a `holder` (an id, e.g. the router's host:port and pid) only one autoscaler acts per
+deployment: each pass first takes or renews the head's autoscaler lease for
+`lease_ttl_s`, and while another holder's lease is live this one stands by (it decides
+nothing, and scales nothing: the head would refuse its scale requests too). Its scale
+requests carry the decision's reason into the head's event log.
 """
 
 from __future__ import annotations
@@ -28,12 +34,24 @@ MAX_HISTORY = 256
 
 
 class Head(Protocol):
-    """What the loop needs of the head: phalanx.client.serving.ServeClient's `get` and
-    `scale` (any object with these two methods)."""
+    """What the loop needs of the head: phalanx.client.serving.ServeClient's `get`,
+    `scale` and the autoscaler lease's `claim_autoscaler` / `release_autoscaler`."""
 
     def get(self, name: str) -> DeploymentInfo: ...
 
-    def scale(self, name: str, pool: PoolRole, replicas: int) -> DeploymentInfo: ...
+    def scale(
+        self,
+        name: str,
+        pool: PoolRole,
+        replicas: int,
+        *,
+        reason: str | None = None,
+        autoscaler: str | None = None,
+    ) -> DeploymentInfo: ...
+
+    def claim_autoscaler(self, name: str, holder: str, ttl_s: float) -> object: ...
+
+    def release_autoscaler(self, name: str, holder: str) -> None: ...
 
 
 class WindowLike(Protocol):
@@ -109,9 +127,19 @@ class Autoscaler:
         window_s: float = 30.0,
         tuning: Callable[[PoolSpec], slo.Tuning] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        holder: str | None = None,
+        lease_ttl_s: float | None = None,
+        on_action: Callable[[Action], None] | None = None,
     ) -> None:
         if interval_s <= 0 or window_s <= 0:
             raise ValueError("interval_s and window_s must be positive")
+        self.holder = holder
+        self.on_action = on_action  # e.g. the router's decision counter
+        # Three passes: a holder that stopped without releasing is replaced that soon.
+        self.lease_ttl_s = min(600.0, max(1.0, lease_ttl_s or 3 * interval_s))
+        self.leader = holder is None  # whether this one acts (it holds the lease)
+        self.standby_reason = ""  # why not, while it stands by
+        self.info: DeploymentInfo | None = None  # the deployment at the last pass
         self.head = head
         self.stats = stats
         self.deployment = deployment
@@ -124,7 +152,10 @@ class Autoscaler:
 
     def step(self) -> list[Action]:
         """One pass over the deployment's pools; the changes it made (or tried)."""
-        info = self.head.get(self.deployment)
+        if self.holder is not None and not self._lease():
+            self.info = None
+            return []
+        info = self.info = self.head.get(self.deployment)
         now = self.clock()
         desired = {p.role: p.desired for p in info.pools}
         actions = []
@@ -153,11 +184,41 @@ class Autoscaler:
             actions.append(action)
         return actions
 
+    def _lease(self) -> bool:
+        """Take or renew the lease; False (standing by) while another holder has it."""
+        assert self.holder is not None
+        try:
+            self.head.claim_autoscaler(self.deployment, self.holder, self.lease_ttl_s)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            if self.leader or exc.detail != self.standby_reason:
+                log.info("autoscaler %s: standing by: %s", self.deployment, exc.detail)
+            self.leader, self.standby_reason = False, exc.detail
+            self.states.clear()  # a fresh start if it takes over later
+            return False
+        if not self.leader:
+            log.info("autoscaler %s: %s holds the lease; acting", self.deployment, self.holder)
+        self.leader, self.standby_reason = True, ""
+        return True
+
+    def release(self) -> None:
+        """Give the lease up (at shutdown) so that a standby takes over at its next pass."""
+        if self.holder is not None and self.leader:
+            self.head.release_autoscaler(self.deployment, self.holder)
+            self.leader = False
+
     def _apply(
         self, now: float, role: PoolRole, current: int, decision: slo.ScaleDecision
     ) -> Action:
         try:
-            self.head.scale(self.deployment, role, decision.replicas)
+            self.info = self.head.scale(
+                self.deployment,
+                role,
+                decision.replicas,
+                reason=decision.reason,
+                autoscaler=self.holder,
+            )
         except ApiError as exc:
             action = Action(now, role, current, decision.replicas, decision.reason, False, str(exc))
             log.warning(
@@ -178,14 +239,25 @@ class Autoscaler:
                 decision.reason,
             )
         self.history.append(action)
+        if self.on_action is not None:
+            self.on_action(action)
         return action
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Step every `interval_s` until `stop` is set; a failed pass is logged, never fatal."""
-        while not stop.is_set():
+        """Step every `interval_s` until `stop` is set (or the task is cancelled), then
+        release the lease; a failed pass is logged, never fatal."""
+        try:
+            while not stop.is_set():
+                try:
+                    await asyncio.to_thread(self.step)
+                except ApiError as exc:  # head down, deployment gone, no right to scale it
+                    log.warning("autoscaler %s: a pass failed: %s", self.deployment, exc)
+                except Exception:  # the loop must outlive any one pass (a bad answer)
+                    log.exception("autoscaler %s: a pass failed; trying again", self.deployment)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+        finally:
             try:
-                await asyncio.to_thread(self.step)
-            except Exception:  # the loop must outlive any one pass (head down, bad answer)
-                log.exception("autoscaler %s: a pass failed; trying again", self.deployment)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.interval_s)
+                await asyncio.to_thread(self.release)
+            except Exception as exc:  # the lease lapses by itself
+                log.warning("autoscaler %s: cannot release the lease: %s", self.deployment, exc)

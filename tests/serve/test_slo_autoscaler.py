@@ -47,7 +47,15 @@ class Head:
             raise ApiError(404, f"no deployment {name!r}")
         return self.info
 
-    def scale(self, name: str, pool: PoolRole, replicas: int) -> DeploymentInfo:
+    def scale(
+        self,
+        name: str,
+        pool: PoolRole,
+        replicas: int,
+        *,
+        reason: str | None = None,
+        autoscaler: str | None = None,
+    ) -> DeploymentInfo:
         self.calls.append((name, pool, replicas))
         if self.refuse is not None:
             raise self.refuse
@@ -59,6 +67,12 @@ class Head:
         ]
         self.info = self.info.model_copy(update={"pools": pools})
         return self.info
+
+    def claim_autoscaler(self, name: str, holder: str, ttl_s: float) -> object:
+        raise AssertionError("these tests run without a holder")
+
+    def release_autoscaler(self, name: str, holder: str) -> None:
+        raise AssertionError("these tests run without a holder")
 
     def desired(self, role: PoolRole) -> int:
         return next(p.desired for p in self.info.pools if p.role == role)
@@ -215,3 +229,93 @@ def test_the_loop_outlives_failing_passes(caplog: pytest.LogCaptureFixture) -> N
     missing = Autoscaler(head, Broken(), "other")
     with pytest.raises(ApiError, match="no deployment"):
         missing.step()
+
+
+@dataclass
+class LeasingHead(Head):
+    """`Head` with the head's autoscaler lease (one holder; others 409 until it lapses)."""
+
+    lease: tuple[str, float] | None = None
+    clock: Clock = field(default_factory=Clock)
+    scaled_by: list[tuple[str | None, str | None]] = field(default_factory=list)
+
+    def claim_autoscaler(self, name: str, holder: str, ttl_s: float) -> object:
+        now = self.clock()
+        if self.lease is not None and self.lease[0] != holder and self.lease[1] > now:
+            raise ApiError(409, f"deployment {name} is autoscaled by {self.lease[0]}")
+        self.lease = (holder, now + ttl_s)
+        return self.lease
+
+    def release_autoscaler(self, name: str, holder: str) -> None:
+        if self.lease is not None and self.lease[0] == holder:
+            self.lease = None
+
+    def scale(
+        self,
+        name: str,
+        pool: PoolRole,
+        replicas: int,
+        *,
+        reason: str | None = None,
+        autoscaler: str | None = None,
+    ) -> DeploymentInfo:
+        assert self.lease is not None and self.lease[0] == autoscaler  # as the head refuses
+        self.scaled_by.append((autoscaler, reason))
+        return super().scale(name, pool, replicas, reason=reason, autoscaler=autoscaler)
+
+
+def test_with_holders_one_autoscaler_acts_and_a_standby_takes_over() -> None:
+    clock = Clock()
+    head = LeasingHead(deployment(prefill=(1, 8), decode=(None, None)), clock=clock)
+    windows = Windows({"prefill": window(bad=12, in_flight=8)})
+    first = Autoscaler(head, windows, "smol", clock=clock, holder="router@a:1-1", interval_s=5)
+    second = Autoscaler(head, windows, "smol", clock=clock, holder="router@b:1-2", interval_s=5)
+    assert first.lease_ttl_s == 15.0  # three passes
+    assert [a.after for a in first.step()] == [3]
+    assert second.step() == [] and not second.leader and first.leader
+    assert "autoscaled by router@a:1-1" in second.standby_reason
+    assert head.scaled_by == [("router@a:1-1", first.history[0].reason)]
+    assert second.info is None  # a standby does not even read the deployment
+    # The holder stops (asyncio task ends): it releases, and the standby acts next pass.
+    stop = asyncio.Event()
+    stop.set()
+    asyncio.run(first.run(stop))
+    assert head.lease is None and not first.leader
+    clock.now += 60
+    windows.by_pool["prefill"] = window(bad=12, in_flight=8, ready=3)
+    assert [a.after for a in second.step()] == [5]  # 3 -> 5 (by the SLO shortfall)
+    assert second.leader and head.lease is not None and head.lease[0] == "router@b:1-2"
+    # A holder that dies without releasing: its lease lapses after three passes.
+    assert first.step() == [] and not first.leader
+    clock.now += 16
+    first.step()
+    assert first.leader
+
+
+def test_a_lease_error_other_than_409_fails_the_pass(caplog: pytest.LogCaptureFixture) -> None:
+    head = LeasingHead(deployment(prefill=(1, 8), decode=(None, None)))
+
+    def down(name: str, holder: str, ttl_s: float) -> object:
+        raise ApiError(None, "head unreachable")
+
+    head.claim_autoscaler = down  # type: ignore[method-assign]
+    scaler = Autoscaler(
+        head, Windows({"prefill": window()}), "smol", holder="r@h:1-1", interval_s=0.01
+    )
+    with pytest.raises(ApiError):
+        scaler.step()
+
+    async def main() -> None:  # run() logs one line (no traceback) and tries again
+        stop = asyncio.Event()
+        task = asyncio.create_task(scaler.run(stop))
+        deadline = time.monotonic() + 10
+        while sum("head unreachable" in r.getMessage() for r in caplog.records) < 2:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        stop.set()
+        await asyncio.wait_for(task, timeout=5)
+
+    with caplog.at_level(logging.WARNING, logger="phalanx.serve.autoscaler"):
+        asyncio.run(main())
+    assert all(r.exc_info is None for r in caplog.records)
+    assert head.calls == []
