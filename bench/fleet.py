@@ -3,7 +3,7 @@
     python bench/fleet.py [--nodes 100,1000,5000,10000] [--baseline 100] [--db sqlite|postgresql]
                           [--jobs 100000] [--load-s 60] [--idle-s 20] [--procs 2]
                           [--heartbeat S] [--lease S] [--smoke] [--head-args FLAGS]
-    python bench/fleet.py --overload [--overload-nodes 300] [--overload-cores 0.04]
+    python bench/fleet.py --overload [--overload-nodes 250] [--overload-cores 0.05]
                           [--overload-s 20] [--overload-runs 1]
 
 For each N (and the baseline N, the same load at 100 nodes, side by side): a real head
@@ -613,15 +613,15 @@ def overload_main(args: argparse.Namespace) -> None:
     (head/overload.py, head/shedding.py), alternating, in one JSON object."""
     runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
     host0 = cpu_times()
+    base = overload.Scenario(
+        nodes=args.overload_nodes,
+        cores=args.overload_cores,
+        overload_s=args.overload_s,
+        deadline_s=args.overload_s + 30.0,
+    )
     for k in range(args.overload_runs):
         for name, protected in (("before", False), ("after", True)):
-            scenario = overload.Scenario(
-                nodes=args.overload_nodes,
-                cores=args.overload_cores,
-                protected=protected,
-                overload_s=args.overload_s,
-                deadline_s=args.overload_s + 30.0,
-            )
+            scenario = dataclasses.replace(base, protected=protected)
             print(f"overload: {name} ({k + 1}/{args.overload_runs}) …", file=sys.stderr)
             result = overload.run(scenario).summary()
             print(json.dumps(result), file=sys.stderr, flush=True)
@@ -633,8 +633,7 @@ def overload_main(args: argparse.Namespace) -> None:
     before, after = total("before", "live_jobs_requeued"), total("after", "live_jobs_requeued")
     out = {
         "mode": "overload",
-        "scenario": dataclasses.asdict(overload.Scenario(nodes=args.overload_nodes)),
-        "head_cores": args.overload_cores,
+        "scenario": {k: v for k, v in dataclasses.asdict(base).items() if k != "protected"},
         "runs": runs,
         "live_jobs_requeued": {"before": before, "after": after},
         "live_node_downs": {
@@ -682,7 +681,7 @@ def main() -> None:
         help="instead: an overloaded head (phalanx/testing/overload.py), the head before its "
         "overload protection (--overload-grace 0 --shed-backlog 0) and with it, side by side",
     )
-    p.add_argument("--overload-nodes", type=int, default=300)
+    p.add_argument("--overload-nodes", type=int, default=overload.Scenario().nodes)
     p.add_argument(
         "--overload-cores", type=float, default=overload.Scenario().cores, help="the head's CPU cap"
     )

@@ -25,18 +25,34 @@ def pause_threshold_s(settings: Settings) -> float:
     return max(3 * settings.tick_s, min(settings.heartbeat_s, settings.lease_s / 4))
 
 
-class PauseWatch:
-    """Notices the control loop itself not running: fed the monotonic time of each tick,
-    it returns how long the loop stood still beyond its tick (0.0 when it did not)."""
+# A gap in which the head's process used less CPU than this share of it was a freeze
+# (SIGSTOP, a stopped VM: nothing ran); one with more was the head busy or starved of CPU
+# (overloaded), which its backlog accounts for, bounded (head/overload.py).
+FROZEN_CPU_SHARE = 0.02
 
-    def __init__(self, settings: Settings, start: float) -> None:
+
+class PauseWatch:
+    """Notices the control loop itself not running: fed the monotonic time of each tick
+    (and the process's CPU time, `time.process_time()`), it returns how long the loop stood
+    still beyond its tick (0.0 when it did not). A gap in which the process kept using CPU
+    is not a pause but the head behind on its work: a pause gives every node a fresh lease,
+    without bound, and a head overloaded for good, stalling again and again, must still
+    find its dead nodes (the overload grace bounds that: head/overload.py)."""
+
+    def __init__(self, settings: Settings, start: float, cpu: float | None = None) -> None:
         self.settings = settings
         self.last = start
+        self.cpu = cpu
 
-    def paused(self, mono: float) -> float:
+    def paused(self, mono: float, cpu: float | None = None) -> float:
         gap, self.last = mono - self.last, mono
+        used, self.cpu = (None if cpu is None or self.cpu is None else cpu - self.cpu), cpu
         late = gap - self.settings.tick_s
-        return late if late > pause_threshold_s(self.settings) else 0.0
+        if late <= pause_threshold_s(self.settings):
+            return 0.0
+        grace = self.settings.overload_grace_s
+        busy = grace > 0 and used is not None and used > FROZEN_CPU_SHARE * gap
+        return 0.0 if busy else late
 
 
 def tick(

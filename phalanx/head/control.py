@@ -169,7 +169,7 @@ class ControlThread:
         settings = self.mirror.settings
         mono = self.clock.monotonic
         next_tick = mono()
-        self._pauses = timed.PauseWatch(settings, next_tick)
+        self._pauses = timed.PauseWatch(settings, next_tick, time.process_time())
         while not self._stopping:
             ops: list[_Op] = []
             wake = next_tick
@@ -189,7 +189,7 @@ class ControlThread:
             paused = 0.0
             if tick:
                 next_tick = mono() + settings.tick_s
-                paused = self._pauses.paused(mono())
+                paused = self._pauses.paused(mono(), time.process_time())
             self.backlog.control_batch(ops[0].queued if ops else None)
             try:
                 self._batch(ops, tick, paused)

@@ -38,7 +38,7 @@ import httpx
 
 from phalanx.api.models import ArraySpec, JobSpec
 from phalanx.local.cluster import LocalCluster
-from phalanx.testing.fleet import Fleet, HeadConnection, LiveFleet
+from phalanx.testing.fleet import Fleet, HeadConnection, LiveFleet, SimNode
 
 CGROUP_V2 = Path("/sys/fs/cgroup")
 CGROUP_V1_CPU = Path("/sys/fs/cgroup/cpu")
@@ -99,20 +99,23 @@ def cpu_limit(pid: int, cores: float) -> Iterator[Path]:
 
 @dataclass(frozen=True)
 class Scenario:
-    nodes: int = 300
-    cores: float = 0.04  # the head's CPU while overloaded, in cores
+    nodes: int = 250
+    cores: float = 0.05  # the head's CPU while overloaded, in cores
     heartbeat_s: float = 0.5
     lease_s: float = 3.0
     requeue_margin_s: float = 1.0
+    # 0: the head requeues a silent node's jobs at lease + margin, whether or not its peers
+    # are heard (no riding out what may be an outage): the head's lease judgement alone.
+    max_outage_s: float = 0.0
     protected: bool = True  # False: --overload-grace 0 --shed-backlog 0 (the head before)
     overload_grace_s: float = 10.0
     shed_backlog_s: float = 2.0
     clients: int = 4  # users submitting one job at a time
-    queued: int = 20_000  # jobs waiting (the control thread's clock walks them every tick)
-    churn_per_s: float = 5.0  # running jobs that end each second (their nodes report it)
-    kill_after_s: float = 3.0
-    overload_s: float = 12.0  # at least this long, and until the dead node's job is requeued
-    deadline_s: float = 60.0  # at most this long with the cap on
+    queued: int = 5_000  # jobs waiting (the control thread's clock walks them every tick)
+    churn_per_s: float = 10.0  # running jobs that end each second (their nodes report it)
+    kill_after_s: float = 2.0
+    overload_s: float = 8.0  # at least this long, and until the dead node's job is requeued
+    deadline_s: float = 40.0  # at most this long with the cap on
     settle_s: float = 2.0
 
 
@@ -133,6 +136,7 @@ class Outcome:
     fleet_lag_max_s: float = 0.0  # this process's own event-loop lag (it must not be late)
     heartbeat_failures: dict[str, int] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: setup, overload, after
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -149,6 +153,7 @@ class Outcome:
             "fleet_loop_lag_max_s": round(self.fleet_lag_max_s, 2),
             "heartbeat_failures": self.heartbeat_failures,
             "errors": self.errors[:5],
+            "phases_s": {k: round(v, 1) for k, v in self.phases.items()},
         }
 
 
@@ -160,7 +165,7 @@ def head_args(s: Scenario) -> list[str]:
     grace, shed = (s.overload_grace_s, s.shed_backlog_s) if s.protected else (0.0, 0.0)
     return [
         *("--heartbeat", str(s.heartbeat_s), "--lease", str(s.lease_s)),
-        *("--requeue-margin", str(s.requeue_margin_s)),
+        *("--requeue-margin", str(s.requeue_margin_s), "--max-outage", str(s.max_outage_s)),
         *("--overload-grace", str(grace), "--shed-backlog", str(shed)),
         *("--max-queued-per-user", "0", "--hang-timeout", "0"),
     ]
@@ -204,6 +209,7 @@ async def _run(s: Scenario, cluster: LocalCluster) -> Outcome:
     async with httpx.AsyncClient(
         base_url=cluster.url, headers=headers, timeout=httpx.Timeout(60.0)
     ) as api:
+        began = time.monotonic()
         try:
             (await api.post("/v1/jobs", content=spec.model_dump_json())).raise_for_status()
             await fleet.start()
@@ -219,11 +225,12 @@ async def _run(s: Scenario, cluster: LocalCluster) -> Outcome:
                     raise RuntimeError(f"only {started} of {s.nodes} jobs started")
                 await asyncio.sleep(0.2)
             victim = fleet.nodes[-1]
-            out.victim_job = next(iter(victim.running))
             text = (await api.get("/metrics")).text
             downs = _metric(text, "phalanx_node_failures_total")
+            out.phases["setup"] = time.monotonic() - began
             with cpu_limit(pid, s.cores):
-                killed_at = await _overload(s, cluster, api, fleet, victim.name, out)
+                killed_at = await _overload(s, cluster, api, fleet, victim, out)
+            began = time.monotonic()
             await asyncio.sleep(s.settle_s)
             text = (await api.get("/metrics")).text
         finally:
@@ -231,15 +238,20 @@ async def _run(s: Scenario, cluster: LocalCluster) -> Outcome:
         # The head at full speed again: what happened, from its own records.
         out.node_downs = round(_metric(text, "phalanx_node_failures_total") - downs)
         out.shed = round(_metric(text, "phalanx_requests_shed_total"))
-        rows = (await api.get("/v1/jobs", params={"active": "true"})).json()["jobs"]
+        rows = (await _read(api, "/v1/jobs", {"active": "true"}))["jobs"]
         restarted = {int(j["id"]) for j in rows if int(j["restart_count"]) > 0}
         out.requeues = len(restarted)
         out.live_requeued = sorted(restarted - {out.victim_job})
-        detail = (await api.get(f"/v1/jobs/{out.victim_job}")).json()
-        fails = [e["time"] for e in detail["events"] if e["kind"] == "nodefail"]
-        out.victim_requeued = out.victim_job in restarted
+        detail = await _read(api, f"/v1/jobs/{out.victim_job}")
+        fails = [
+            e["time"]
+            for e in detail["events"]
+            if e["kind"] == "nodefail" and e["node"] == victim.name and e["time"] >= killed_at
+        ]
+        out.victim_requeued = bool(fails)
         if fails:
             out.victim_requeued_s = min(fails) - killed_at
+        out.phases["after"] = time.monotonic() - began
     out.live_jobs_taken = [(j, n) for j, n, _ in fleet.killed if n != victim.name]
     out.heartbeat_failures = dict(fleet.failures)
     out.errors = list(fleet.errors)
@@ -251,7 +263,7 @@ async def _overload(
     cluster: LocalCluster,
     api: httpx.AsyncClient,
     fleet: LiveFleet,
-    victim: str,
+    victim: SimNode,
     out: Outcome,
 ) -> float:
     """The overloaded phase; the wall-clock time the victim died."""
@@ -264,7 +276,10 @@ async def _overload(
     try:
         await asyncio.sleep(s.kill_after_s)
         requeues = _metric((await api.get("/metrics")).text, REQUEUES)
-        fleet.kill([victim])
+        while not victim.running:  # its job just ended: the next one is on its way
+            await asyncio.sleep(0.05)
+        out.victim_job = next(iter(victim.running))
+        fleet.kill([victim.name])
         killed_at = time.time()
         seen = False
         while time.monotonic() - began < s.deadline_s:
@@ -274,10 +289,24 @@ async def _overload(
             await asyncio.sleep(0.25)
         return killed_at
     finally:
-        out.overloaded_s = time.monotonic() - began
+        out.overloaded_s = out.phases["overload"] = time.monotonic() - began
         lag.cancel()
         stop.set()
         await asyncio.gather(*users, watch, return_exceptions=True)
+
+
+async def _read(
+    api: httpx.AsyncClient, path: str, params: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """GET `path`'s JSON, waiting out 503s (a head still catching up sheds reads)."""
+    deadline = time.monotonic() + 120
+    while True:
+        r = await api.get(path, params=params)
+        if r.status_code != 503 or time.monotonic() > deadline:
+            r.raise_for_status()
+            body: dict[str, Any] = r.json()
+            return body
+        await asyncio.sleep(float(r.headers.get("retry-after", "1")))
 
 
 async def _requeued(api: httpx.AsyncClient, job: int, since: float) -> bool:

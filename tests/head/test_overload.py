@@ -140,6 +140,18 @@ def test_a_dead_node_is_down_within_lease_plus_grace_however_far_behind_the_head
     assert downs and bound < downs[0] <= bound + 0.5
 
 
+def test_a_frozen_head_pauses_the_lease_clock_but_a_busy_one_only_falls_behind() -> None:
+    # A gap in which the process used (almost) no CPU was a freeze (SIGSTOP, a stopped VM):
+    # every node gets a fresh lease, as before. One in which it kept running (starved of
+    # CPU, or busy) is its backlog, bounded by the grace (else a head stalling again and
+    # again would refresh a dead node's lease for ever).
+    watch = clock.PauseWatch(SETTINGS, 0.0, cpu=0.0)
+    assert watch.paused(20.5, cpu=0.01) == pytest.approx(20.0)  # frozen
+    assert watch.paused(30.5, cpu=1.01) == 0.0  # 10 % of a core meanwhile: overloaded
+    off = clock.PauseWatch(Settings(overload_grace_s=0.0), 0.0, cpu=0.0)
+    assert off.paused(10.5, cpu=5.0) == pytest.approx(10.0)  # no grace: as before
+
+
 @pytest.mark.parametrize(
     ("method", "path", "shed"),
     [
