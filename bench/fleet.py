@@ -36,9 +36,10 @@ issue's targets at the largest N, and the host (CPUs, CPU steal % during each ru
 `--overload` runs something else: an overloaded head reproduced with a few hundred nodes
 (phalanx/testing/overload.py: the head capped to `--overload-cores` of CPU by a cgroup, so
 root only; jobs ending, users submitting, one node dying), once as the head was before
-its overload protection (`--overload-grace 0 --shed-backlog 0`) and once with it, and
-prints the live nodes' jobs requeued and live nodes marked down by each, and how long the
-dead node's job took to be requeued, side by side.
+its overload protection (`--overload-grace 0 --shed-backlog 0`), once with it, and once
+with the lease horizon but no shedding (`--shed-backlog 0`), and prints the live nodes'
+jobs requeued and live nodes marked down by each, the head's backlog, the submits it took
+and how long the dead node's job took to be requeued, side by side.
 """
 
 from __future__ import annotations
@@ -611,17 +612,22 @@ def overload_main(args: argparse.Namespace) -> None:
     """`--overload`: the same overloaded head (a cgroup CPU cap, N simulated nodes, jobs
     ending, users submitting, one node dying) without and with the head's protection
     (head/overload.py, head/shedding.py), alternating, in one JSON object."""
-    runs: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
-    host0 = cpu_times()
     base = overload.Scenario(
         nodes=args.overload_nodes,
         cores=args.overload_cores,
         overload_s=args.overload_s,
         deadline_s=args.overload_s + 30.0,
     )
+    variants = {
+        # The head before: wall-clock leases, nothing shed.
+        "before": dataclasses.replace(base, protected=False),
+        "after": base,  # the lease horizon and shedding
+        "no_shedding": dataclasses.replace(base, shed_backlog_s=0.0),  # the horizon alone
+    }
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    host0 = cpu_times()
     for k in range(args.overload_runs):
-        for name, protected in (("before", False), ("after", True)):
-            scenario = dataclasses.replace(base, protected=protected)
+        for name, scenario in variants.items():
             print(f"overload: {name} ({k + 1}/{args.overload_runs}) …", file=sys.stderr)
             result = overload.run(scenario).summary()
             print(json.dumps(result), file=sys.stderr, flush=True)
@@ -636,12 +642,18 @@ def overload_main(args: argparse.Namespace) -> None:
         "scenario": {k: v for k, v in dataclasses.asdict(base).items() if k != "protected"},
         "runs": runs,
         "live_jobs_requeued": {"before": before, "after": after},
-        "live_node_downs": {
-            "before": total("before", "live_node_downs"),
-            "after": total("after", "live_node_downs"),
+        "live_node_downs": {name: total(name, "live_node_downs") for name in variants},
+        "live_jobs_requeued_by_variant": {
+            name: total(name, "live_jobs_requeued") for name in variants
         },
         "dead_node_requeued_s": {
-            name: [r["victim_requeued_s"] for r in runs[name]] for name in ("before", "after")
+            name: [r["victim_requeued_s"] for r in runs[name]] for name in variants
+        },
+        "head_backlog_max_s": {
+            name: [r["head_backlog_max_s"] for r in runs[name]] for name in variants
+        },
+        "submits_accepted": {
+            name: sum(r["submits"].get("201", 0) for r in runs[name]) for name in variants
         },
         "ratio_after_to_before_live_requeues": round(after / before, 3) if before else None,
         "host": {
