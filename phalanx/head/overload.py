@@ -21,8 +21,10 @@ silence. So the head measures its own backlog (`Backlog.behind_s`):
   since they were queued.
 
 The lease is then judged against the time up to which the head could hear
-(`Horizon.heard_until`): now minus the largest backlog measured over the last lease, never
-moving backwards. A heartbeat sent
+(`Horizon.heard_until`): now minus twice the largest backlog measured over the last lease
+(a heartbeat's answer waits in the same queues as its request, and an agent sends the next
+one only once answered: a live node's heartbeats reach an overloaded head up to two
+backlogs apart), never moving backwards. A heartbeat sent
 before that point has been handled, so a node not heard since `last_heartbeat` sent
 nothing between then and the horizon: its silence is at least `heard_until -
 last_heartbeat`. While the head is behind the horizon stands still (or moves slowly); a
@@ -53,6 +55,9 @@ LAG_WINDOW_S = 2.0
 # (the read, the request's task starting, a body that comes in a later read): the loop's
 # lag counts this many times in the backlog.
 LOOP_PASSES = 3
+# A node's heartbeats reach the head up to this many backlogs apart: its answer waits as
+# its request did, and an agent sends the next heartbeat only once answered.
+ROUND_TRIP = 2
 
 
 class Backlog:
@@ -141,9 +146,9 @@ class Backlog:
 
 class Horizon:
     """The time (the head's wall clock) up to which the head has been able to hear every
-    heartbeat sent: now minus the largest backlog measured over the last lease (a heartbeat
-    may have been sent at the worst of it), never moving back, never more than the grace
-    behind now. Fed by the control thread's clock tick."""
+    heartbeat sent: now minus ROUND_TRIP times the largest backlog measured over the last
+    lease (a heartbeat may have been sent at the worst of it), never moving back, never
+    more than the grace behind now. Fed by the control thread's clock tick."""
 
     def __init__(self) -> None:
         self.at: float | None = None
@@ -160,7 +165,7 @@ class Horizon:
         while worst and worst[-1][1] <= behind_s:
             worst.pop()
         worst.append((now, max(0.0, behind_s)))
-        horizon = now - min(worst[0][1], grace_s)
+        horizon = now - min(ROUND_TRIP * worst[0][1], grace_s)
         if self.at is not None and self.at <= now:
             horizon = max(horizon, self.at)
         self.at = horizon

@@ -90,11 +90,12 @@ def test_the_horizon_trails_now_by_the_worst_backlog_of_a_lease_within_the_grace
     h = Horizon()
     lease, grace = 8.0, 30.0
     assert h.heard_until(T0, 0.0, grace, lease) == T0
-    assert h.heard_until(T0 + 1, 5.0, grace, lease) == T0  # 5 s behind: stands still
-    # The backlog is gone, but a heartbeat may have been sent at its worst: the horizon
-    # keeps that worst for a lease (and never moves back).
+    assert h.heard_until(T0 + 1, 2.5, grace, lease) == T0  # 2.5 s behind: stands still
+    # A live node's heartbeats come two backlogs apart (its answer waits as its request
+    # did). The backlog is gone, but a heartbeat may have been sent at its worst: the
+    # horizon keeps that worst for a lease (and never moves back).
     assert h.heard_until(T0 + 2, 0.0, grace, lease) == T0
-    assert h.heard_until(T0 + 8, 0.0, grace, lease) == T0 + 8 - 5.0
+    assert h.heard_until(T0 + 8, 0.0, grace, lease) == T0 + 8 - 2 * 2.5
     assert h.heard_until(T0 + 10, 0.0, grace, lease) == T0 + 10  # a lease later: caught up
     # Overloaded for good: never more than the grace behind now.
     assert h.heard_until(T0 + 100, 500.0, grace, lease) == T0 + 100 - grace
