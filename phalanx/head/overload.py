@@ -24,14 +24,14 @@ The lease is then judged against the time up to which the head could hear
 (`Horizon.heard_until`): now minus twice the largest backlog measured over the last lease
 (a heartbeat's answer waits in the same queues as its request, and an agent sends the next
 one only once answered: a live node's heartbeats reach an overloaded head up to two
-backlogs apart), never moving backwards. A heartbeat sent
-before that point has been handled, so a node not heard since `last_heartbeat` sent
-nothing between then and the horizon: its silence is at least `heard_until -
-last_heartbeat`. While the head is behind the horizon stands still (or moves slowly); a
-node is marked down only once the head has been able to hear it for a full lease and did
-not. Bounded: the horizon never falls more than `Settings.overload_grace_s` behind now, so a
-head overloaded for good still marks a dead node down `lease_s + overload_grace_s` after
-its last heartbeat at the latest (its jobs are requeued `requeue_margin_s` later, as ever).
+backlogs apart), never moving backwards. A heartbeat sent before that point has been
+handled, so a node not heard since `last_heartbeat` sent nothing between then and the
+horizon. While the head falls further behind the horizon stands still; a node is marked
+down only once the head has been able to hear it for a full lease and did not. Bounded:
+the horizon never falls more than `Settings.overload_grace_s` behind now, so a head
+overloaded for good still marks a dead node down `lease_s + overload_grace_s` after its
+last heartbeat at the latest (plus however late its own clock ticks run), and requeues its
+jobs `requeue_margin_s` later, as ever.
 `overload_grace_s = 0` judges leases on the head's wall clock alone, as before.
 
 Waiting longer never makes a job run twice: an agent fences its jobs by itself once it has

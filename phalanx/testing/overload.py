@@ -100,7 +100,7 @@ def cpu_limit(pid: int, cores: float) -> Iterator[Path]:
 @dataclass(frozen=True)
 class Scenario:
     nodes: int = 250
-    cores: float = 0.05  # the head's CPU while overloaded, in cores
+    cores: float = 0.08  # the head's CPU while overloaded, in cores
     heartbeat_s: float = 0.5
     lease_s: float = 3.0
     requeue_margin_s: float = 1.0
@@ -108,7 +108,7 @@ class Scenario:
     # are heard (no riding out what may be an outage): the head's lease judgement alone.
     max_outage_s: float = 0.0
     protected: bool = True  # False: --overload-grace 0 --shed-backlog 0 (the head before)
-    overload_grace_s: float = 10.0
+    overload_grace_s: float = 15.0
     shed_backlog_s: float = 2.0
     clients: int = 4  # users submitting one job at a time
     queued: int = 5_000  # jobs waiting (the control thread's clock walks them every tick)
@@ -270,15 +270,15 @@ async def _overload(
     began = time.monotonic()
     stop = asyncio.Event()
     users = [asyncio.create_task(_submitter(cluster, stop, out)) for _ in range(s.clients)]
-    users.append(asyncio.create_task(_churn(s, fleet, stop)))
+    users.append(asyncio.create_task(_churn(s, fleet, victim.name, stop)))
     watch = asyncio.create_task(_watch_backlog(api, stop, out))
     lag = asyncio.create_task(_loop_lag(out))
     try:
         await asyncio.sleep(s.kill_after_s)
         requeues = _metric((await api.get("/metrics")).text, REQUEUES)
-        while not victim.running:  # its job just ended: the next one is on its way
+        while not (running := _running(victim)):  # its job just ended: the next is coming
             await asyncio.sleep(0.05)
-        out.victim_job = next(iter(victim.running))
+        out.victim_job = running[0]
         fleet.kill([victim.name])
         killed_at = time.time()
         seen = False
@@ -343,12 +343,20 @@ async def _submitter(cluster: LocalCluster, stop: asyncio.Event, out: Outcome) -
         conn.close()
 
 
-async def _churn(s: Scenario, fleet: LiveFleet, stop: asyncio.Event) -> None:
-    """Running jobs end, `churn_per_s` a second: their nodes report it at once, and the
-    head starts queued jobs there."""
+def _running(node: SimNode) -> list[int]:
+    """The jobs whose ranks run on `node` (not those it ended and has yet to report)."""
+    return sorted(j for j, (_, ps) in node.running.items() if any(p.running for p in ps))
+
+
+async def _churn(s: Scenario, fleet: LiveFleet, spare: str, stop: asyncio.Event) -> None:
+    """Running jobs end, `churn_per_s` a second (never `spare`'s, the node that dies):
+    their nodes report it at once, and the head starts queued jobs there."""
     rng = random.Random(0)
     while not stop.is_set():
-        fleet.end_some(1, rng)
+        alive = [n for n in fleet.nodes if n.name not in fleet.dead and n.name != spare]
+        jobs = [j for n in alive for j in _running(n)]
+        if jobs:
+            fleet.finish(rng.choice(jobs))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0 / s.churn_per_s)
 
