@@ -3,7 +3,7 @@
     python bench/fleet.py [--nodes 100,1000,5000,10000] [--baseline 100] [--db sqlite|postgresql]
                           [--jobs 100000] [--load-s 60] [--idle-s 20] [--procs 2]
                           [--heartbeat S] [--lease S] [--smoke] [--head-args FLAGS]
-    python bench/fleet.py --overload [--overload-nodes 250] [--overload-cores 0.08]
+    python bench/fleet.py --overload [--overload-nodes 250] [--overload-cores 0.06]
                           [--overload-s 20] [--overload-runs 1]
 
 For each N (and the baseline N, the same load at 100 nodes, side by side): a real head

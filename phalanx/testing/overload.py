@@ -100,7 +100,7 @@ def cpu_limit(pid: int, cores: float) -> Iterator[Path]:
 @dataclass(frozen=True)
 class Scenario:
     nodes: int = 250
-    cores: float = 0.08  # the head's CPU while overloaded, in cores
+    cores: float = 0.06  # the head's CPU while overloaded, in cores
     heartbeat_s: float = 0.5
     lease_s: float = 3.0
     requeue_margin_s: float = 1.0
@@ -108,7 +108,7 @@ class Scenario:
     # are heard (no riding out what may be an outage): the head's lease judgement alone.
     max_outage_s: float = 0.0
     protected: bool = True  # False: --overload-grace 0 --shed-backlog 0 (the head before)
-    overload_grace_s: float = 15.0
+    overload_grace_s: float = 20.0
     shed_backlog_s: float = 2.0
     clients: int = 4  # users submitting one job at a time
     queued: int = 5_000  # jobs waiting (the control thread's clock walks them every tick)
@@ -316,7 +316,7 @@ async def _requeued(api: httpx.AsyncClient, job: int, since: float) -> bool:
     with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
         r = await api.get(f"/v1/jobs/{job}")
         if r.status_code == 200:
-            return int(r.json()["restart_count"]) > 0
+            return int(r.json()["job"]["restart_count"]) > 0
         if r.status_code == 503:
             r = await api.get("/metrics")
             return r.status_code == 200 and _metric(r.text, REQUEUES) > since
