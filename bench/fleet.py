@@ -382,11 +382,22 @@ class Submitter:
         }
 
 
+def get(client: httpx.Client, path: str) -> httpx.Response:
+    """GET, waiting out 503s: a head behind on its work sheds reads (head/shedding.py), as
+    phalanx.client waits them out."""
+    deadline = time.monotonic() + 300
+    while True:
+        r = client.get(path)
+        if r.status_code != 503 or time.monotonic() > deadline:
+            return r
+        time.sleep(min(5.0, float(r.headers.get("retry-after", "1"))))
+
+
 def timed_get(client: httpx.Client, path: str, runs: int = 3) -> dict[str, float]:
     times, size = [], 0
     for _ in range(runs):
         t0 = time.perf_counter()
-        r = client.get(path)
+        r = get(client, path)
         times.append(time.perf_counter() - t0)
         if r.status_code != 200:
             raise RuntimeError(f"GET {path}: {r.status_code} {r.text[:300]}")
@@ -404,7 +415,7 @@ def start_latencies(
         by_job.setdefault(job_id, {}).setdefault(node, at)
     out = []
     for job_id in rng.sample(sorted(by_job), min(sample, len(by_job))):
-        r = client.get(f"/v1/jobs/{job_id}")
+        r = get(client, f"/v1/jobs/{job_id}")
         if r.status_code != 200:
             continue
         job = r.json()["job"]
@@ -429,6 +440,9 @@ def wait_down(client: httpx.Client, killed: dict[str, float], timeout: float) ->
     while len(detected) < len(killed) and time.monotonic() < deadline:
         r = client.get("/v1/nodes")
         at = time.time()
+        if r.status_code != 200:  # shed (503) while the head is behind: ask again
+            time.sleep(0.5)
+            continue
         for node in r.json()["nodes"]:
             name = node["name"]
             if name in killed and name not in detected and node["state"] == "down":
