@@ -2,7 +2,9 @@
 
     python bench/fleet.py [--nodes 100,1000,5000,10000] [--baseline 100] [--db sqlite|postgresql]
                           [--jobs 100000] [--load-s 60] [--idle-s 20] [--procs 2]
-                          [--heartbeat S] [--lease S] [--smoke]
+                          [--heartbeat S] [--lease S] [--smoke] [--head-args FLAGS]
+    python bench/fleet.py --overload [--overload-nodes 250] [--overload-cores 0.06]
+                          [--overload-s 20] [--overload-runs 1]
 
 For each N (and the baseline N, the same load at 100 nodes, side by side): a real head
 process (`phalanx head`, plain HTTP on 127.0.0.1, SQLite or a throwaway PostgreSQL), and N
@@ -30,6 +32,14 @@ heartbeats carrying 8 GPUs' readings and their jobs' ranks, as a real agent) spr
 
 Prints one JSON object: per-N results, the baseline, ratios (largest N / baseline), the
 issue's targets at the largest N, and the host (CPUs, CPU steal % during each run, load).
+
+`--overload` runs something else: an overloaded head reproduced with a few hundred nodes
+(phalanx/testing/overload.py: the head capped to `--overload-cores` of CPU by a cgroup, so
+root only; jobs ending, users submitting, one node dying), once as the head was before
+its overload protection (`--overload-grace 0 --shed-backlog 0`), once with it, and once
+with the lease horizon but no shedding (`--shed-backlog 0`), and prints the live nodes'
+jobs requeued and live nodes marked down by each, the head's backlog, the submits it took
+and how long the dead node's job took to be requeued, side by side.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -55,6 +66,7 @@ import httpx
 
 from phalanx.api.models import ArraySpec, JobSpec
 from phalanx.local.cluster import LocalCluster
+from phalanx.testing import overload
 from phalanx.testing.fleet import Fleet, HeadConnection, LiveFleet
 from phalanx.testing.postgres import PostgresServer
 
@@ -370,11 +382,22 @@ class Submitter:
         }
 
 
+def get(client: httpx.Client, path: str) -> httpx.Response:
+    """GET, waiting out 503s: a head behind on its work sheds reads (head/shedding.py), as
+    phalanx.client waits them out."""
+    deadline = time.monotonic() + 300
+    while True:
+        r = client.get(path)
+        if r.status_code != 503 or time.monotonic() > deadline:
+            return r
+        time.sleep(min(5.0, float(r.headers.get("retry-after", "1"))))
+
+
 def timed_get(client: httpx.Client, path: str, runs: int = 3) -> dict[str, float]:
     times, size = [], 0
     for _ in range(runs):
         t0 = time.perf_counter()
-        r = client.get(path)
+        r = get(client, path)
         times.append(time.perf_counter() - t0)
         if r.status_code != 200:
             raise RuntimeError(f"GET {path}: {r.status_code} {r.text[:300]}")
@@ -392,7 +415,7 @@ def start_latencies(
         by_job.setdefault(job_id, {}).setdefault(node, at)
     out = []
     for job_id in rng.sample(sorted(by_job), min(sample, len(by_job))):
-        r = client.get(f"/v1/jobs/{job_id}")
+        r = get(client, f"/v1/jobs/{job_id}")
         if r.status_code != 200:
             continue
         job = r.json()["job"]
@@ -417,6 +440,9 @@ def wait_down(client: httpx.Client, killed: dict[str, float], timeout: float) ->
     while len(detected) < len(killed) and time.monotonic() < deadline:
         r = client.get("/v1/nodes")
         at = time.time()
+        if r.status_code != 200:  # shed (503) while the head is behind: ask again
+            time.sleep(0.5)
+            continue
         for node in r.json()["nodes"]:
             name = node["name"]
             if name in killed and name not in detected and node["state"] == "down":
@@ -428,7 +454,7 @@ def wait_down(client: httpx.Client, killed: dict[str, float], timeout: float) ->
 def run_one(n: int, args: argparse.Namespace, db_url: str | None) -> dict[str, Any]:
     rng = random.Random(n)
     result: dict[str, Any] = {"nodes": n, "gpus": n * GPUS}
-    head_args = ["--max-queued-per-user", "0", "--hang-timeout", "0"]
+    head_args = ["--max-queued-per-user", "0", "--hang-timeout", "0", *args.head_args.split()]
     if args.heartbeat is not None:
         head_args += ["--heartbeat", str(args.heartbeat)]
     if args.lease is not None:
@@ -596,6 +622,64 @@ def targets(r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def overload_main(args: argparse.Namespace) -> None:
+    """`--overload`: the same overloaded head (a cgroup CPU cap, N simulated nodes, jobs
+    ending, users submitting, one node dying) without and with the head's protection
+    (head/overload.py, head/shedding.py), alternating, in one JSON object."""
+    base = overload.Scenario(
+        nodes=args.overload_nodes,
+        cores=args.overload_cores,
+        overload_s=args.overload_s,
+        deadline_s=args.overload_s + 30.0,
+    )
+    variants = {
+        # The head before: wall-clock leases, nothing shed.
+        "before": dataclasses.replace(base, protected=False),
+        "after": base,  # the lease horizon and shedding
+        "no_shedding": dataclasses.replace(base, shed_backlog_s=0.0),  # the horizon alone
+    }
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    host0 = cpu_times()
+    for k in range(args.overload_runs):
+        for name, scenario in variants.items():
+            print(f"overload: {name} ({k + 1}/{args.overload_runs}) …", file=sys.stderr)
+            result = overload.run(scenario).summary()
+            print(json.dumps(result), file=sys.stderr, flush=True)
+            runs[name].append(result)
+
+    def total(name: str, key: str) -> int:
+        return sum(int(r[key]) for r in runs[name])
+
+    before, after = total("before", "live_jobs_requeued"), total("after", "live_jobs_requeued")
+    out = {
+        "mode": "overload",
+        "scenario": {k: v for k, v in dataclasses.asdict(base).items() if k != "protected"},
+        "runs": runs,
+        "live_jobs_requeued": {"before": before, "after": after},
+        "live_node_downs": {name: total(name, "live_node_downs") for name in variants},
+        "live_jobs_requeued_by_variant": {
+            name: total(name, "live_jobs_requeued") for name in variants
+        },
+        "dead_node_requeued_s": {
+            name: [r["victim_requeued_s"] for r in runs[name]] for name in variants
+        },
+        "head_backlog_max_s": {
+            name: [r["head_backlog_max_s"] for r in runs[name]] for name in variants
+        },
+        "submits_accepted": {
+            name: sum(r["submits"].get("201", 0) for r in runs[name]) for name in variants
+        },
+        "ratio_after_to_before_live_requeues": round(after / before, 3) if before else None,
+        "host": {
+            "cpus": os.cpu_count(),
+            "steal_pct": steal_pct(host0, cpu_times()),
+            "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+        },
+    }
+    json.dump(out, sys.stdout)
+    print()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -614,7 +698,25 @@ def main() -> None:
     p.add_argument("--lease", type=float, default=None, help="the head's --lease")
     p.add_argument("--reconcile-timeout", type=float, default=180.0)
     p.add_argument("--smoke", action="store_true", help="N = 200, 60 s in all, 2,000 jobs")
+    p.add_argument(
+        "--head-args", default="", help="more `phalanx head` flags, e.g. '--overload-grace 0'"
+    )
+    p.add_argument(
+        "--overload",
+        action="store_true",
+        help="instead: an overloaded head (phalanx/testing/overload.py), the head before its "
+        "overload protection (--overload-grace 0 --shed-backlog 0) and with it, side by side",
+    )
+    p.add_argument("--overload-nodes", type=int, default=overload.Scenario().nodes)
+    p.add_argument(
+        "--overload-cores", type=float, default=overload.Scenario().cores, help="the head's CPU cap"
+    )
+    p.add_argument("--overload-s", type=float, default=20.0)
+    p.add_argument("--overload-runs", type=int, default=1, help="pairs, alternating")
     args = p.parse_args()
+    if args.overload:
+        overload_main(args)
+        return
     if args.smoke:
         args.nodes, args.baseline, args.jobs = "200", 0, 2000
         args.load_s, args.idle_s, args.sample, args.clients = 20.0, 5.0, 50, 4

@@ -62,6 +62,25 @@ def head(
     requeue_margin: Annotated[
         float, typer.Option(min=0, max=600, help="Seconds after the lease before requeueing.")
     ] = 2.0,
+    overload_grace: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=3600,
+            help="While the head is behind on its work, a node's silence is counted only up "
+            "to when the head could hear it, at most this many seconds behind now: a dead "
+            "node is down after --lease plus this at the latest (0: the wall clock alone).",
+        ),
+    ] = 30.0,
+    shed_backlog: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=3600,
+            help="Past this many seconds of backlog the head answers submits and reads 503 "
+            "(Retry-After) so heartbeats go first (0: never).",
+        ),
+    ] = 2.0,
     kill_grace: Annotated[
         float, typer.Option(min=0, max=3600, help="Seconds between SIGTERM and SIGKILL.")
     ] = 5.0,
@@ -208,6 +227,8 @@ def head(
         heartbeat_rate=heartbeat_rate,
         lease_s=lease,
         requeue_margin_s=requeue_margin,
+        overload_grace_s=overload_grace,
+        shed_backlog_s=shed_backlog,
         kill_grace_s=kill_grace,
         preempt_grace_s=preempt_grace,
         hang_timeout_s=hang_timeout,

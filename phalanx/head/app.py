@@ -40,6 +40,7 @@ from phalanx.head import (
     selfcontrol,
     serving_routes,
     serving_stats,
+    shedding,
     telemetry_api,
     usage_routes,
 )
@@ -240,6 +241,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
         head.tsdb.leader = lambda: role is None or role.leader  # a standby stores nothing
         head.tsdb.start()
         head.control.on_moves = notifier.collect
+        probe = asyncio.create_task(head.control.backlog.probe())  # head/overload.py
         try:
             async with httpx.AsyncClient(
                 timeout=10.0, headers=version.headers(), verify=head.agent_verify
@@ -247,6 +249,7 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
                 _app.state.http = client
                 yield
         finally:
+            probe.cancel()
             head.control.on_moves = None
             await asyncio.to_thread(notifier.stop)
             await asyncio.to_thread(head.tsdb.stop)
@@ -632,7 +635,8 @@ def create_app(head: Head, role: Role | None = None) -> ASGIApp:
 
     app.include_router(metricsapi.router())  # /metrics, /v1/metrics/*
     fast = telemetry_api.FastTelemetry(FastSubmit(app, head, keys), head)
-    fast_beats = heartbeat_api.FastHeartbeat(fast, head)  # the agents' heartbeats
+    shed = shedding.ShedGate(fast, head)  # heartbeats first while the head is behind
+    fast_beats = heartbeat_api.FastHeartbeat(shed, head)  # the agents' heartbeats
     return ApiVersion(StandbyGate(fast_beats, role), "head")
 
 

@@ -25,24 +25,44 @@ def pause_threshold_s(settings: Settings) -> float:
     return max(3 * settings.tick_s, min(settings.heartbeat_s, settings.lease_s / 4))
 
 
-class PauseWatch:
-    """Notices the control loop itself not running: fed the monotonic time of each tick,
-    it returns how long the loop stood still beyond its tick (0.0 when it did not)."""
+# A gap in which the head's process used less CPU than this share of it was a freeze
+# (SIGSTOP, a stopped VM: nothing ran); one with more was the head busy or starved of CPU
+# (overloaded), which its backlog accounts for, bounded (head/overload.py).
+FROZEN_CPU_SHARE = 0.02
 
-    def __init__(self, settings: Settings, start: float) -> None:
+
+class PauseWatch:
+    """Notices the control loop itself not running: fed the monotonic time of each tick
+    (and the process's CPU time, `time.process_time()`), it returns how long the loop stood
+    still beyond its tick (0.0 when it did not). A gap in which the process kept using CPU
+    is not a pause but the head behind on its work: a pause gives every node a fresh lease,
+    without bound, and a head overloaded for good, stalling again and again, must still
+    find its dead nodes (the overload grace bounds that: head/overload.py)."""
+
+    def __init__(self, settings: Settings, start: float, cpu: float | None = None) -> None:
         self.settings = settings
         self.last = start
+        self.cpu = cpu
 
-    def paused(self, mono: float) -> float:
+    def paused(self, mono: float, cpu: float | None = None) -> float:
         gap, self.last = mono - self.last, mono
+        used, self.cpu = (None if cpu is None or self.cpu is None else cpu - self.cpu), cpu
         late = gap - self.settings.tick_s
-        return late if late > pause_threshold_s(self.settings) else 0.0
+        if late <= pause_threshold_s(self.settings):
+            return 0.0
+        grace = self.settings.overload_grace_s
+        busy = grace > 0 and used is not None and used > FROZEN_CPU_SHARE * gap
+        return 0.0 if busy else late
 
 
-def tick(mirror: Mirror, tx: Tx, now: float, paused_s: float = 0.0) -> None:
+def tick(
+    mirror: Mirror, tx: Tx, now: float, paused_s: float = 0.0, heard_until: float | None = None
+) -> None:
     """Everything time decides. `paused_s`: how long the control loop itself did not run
     (its own monotonic clock jumped by more than `pause_threshold_s`): nobody is blamed
-    for silence the head could not hear."""
+    for silence the head could not hear. `heard_until`: the time up to which the head
+    could hear every heartbeat sent (head/overload.py; default now): a lease is judged
+    against it, so a head behind on its work does not hold late heartbeats against nodes."""
     if paused_s > 0:
         resume_after_pause(mirror, tx, now, paused_s)
     stale = mirror.peers_at is None or not 0 <= now - mirror.peers_at < peers.REFRESH_S
@@ -61,7 +81,7 @@ def tick(mirror: Mirror, tx: Tx, now: float, paused_s: float = 0.0) -> None:
             begin_stop(mirror, tx, rec, "preempt", None, message, now)
         if rec.stopping is None and rec.state is JobState.RUNNING:
             _hang(mirror, tx, rec, now)
-    _nodes(mirror, tx, now)
+    _nodes(mirror, tx, now, now if heard_until is None else min(now, heard_until))
 
 
 def resume_after_pause(mirror: Mirror, tx: Tx, now: float, paused_s: float) -> None:
@@ -125,29 +145,31 @@ def _hang(mirror: Mirror, tx: Tx, rec: JobRecord, now: float) -> None:
     restart_or_end(mirror, tx, rec, "Hang", message, now)
 
 
-def _nodes(mirror: Mirror, tx: Tx, now: float) -> None:
+def _nodes(mirror: Mirror, tx: Tx, now: float, heard_until: float) -> None:
     """A node silent for the lease is down (nothing new goes there); once its agent has
-    certainly fenced itself (lease + margin), its jobs are restarted elsewhere."""
+    certainly fenced itself (lease + margin), its jobs are restarted elsewhere. Silence is
+    counted up to `heard_until`, not now: what the head has not been able to hear yet (it
+    is behind on its work: head/overload.py) is not the node's silence."""
     s = mirror.settings
     for node in mirror.nodes.values():
         if node.last_heartbeat is None:
             continue
-        silent = now - node.last_heartbeat
+        silent = heard_until - node.last_heartbeat
         if silent > s.lease_s and node.state is not NodeState.DOWN:
             # The event loop renews leases without the control lock (head/leases.py): look
             # again under the leases' lock, and mark it down while holding it, so that a
             # renewal either lands before (seen here) or sees the node down (and goes to
             # this thread as a report, which brings the node back).
             with mirror.leases.lock:
-                silent = now - node.last_heartbeat
+                silent = heard_until - node.last_heartbeat
                 if silent > s.lease_s:
-                    nodestates.silent(mirror, tx, node, silent, now)
+                    nodestates.silent(mirror, tx, node, now - node.last_heartbeat, now)
         if node.state is not NodeState.DOWN or silent <= s.lease_s + s.requeue_margin_s:
             continue
         # Too few of its peers are heard either: it may be cut off with them, riding out
         # what looks like a head outage to it; it fences by itself by the longest outage.
         latest = max(s.lease_s, s.max_outage_s) + s.requeue_margin_s
-        if silent <= latest and not _peers_hear_head(mirror, node.name, now):
+        if silent <= latest and not _peers_hear_head(mirror, node.name, heard_until):
             continue
         for job_id in sorted(mirror.node_jobs.get(node.name, set())):
             rec = mirror.jobs.get(job_id)
@@ -164,7 +186,9 @@ def _nodes(mirror: Mirror, tx: Tx, now: float) -> None:
 
 def _peers_hear_head(mirror: Mirror, name: str, now: float) -> bool:
     """Whether enough of `name`'s peers (as last sent to it) are heard from now that it
-    would have heard of the head from one of them and fenced (head/peers.py)."""
+    would have heard of the head from one of them and fenced (head/peers.py). `now`: the
+    time up to which the head could hear (head/overload.py): a peer whose heartbeat waits
+    in the head's queues is not silent."""
     sent = mirror.peers_sent.get(name)
     names = sent if sent is not None else mirror.peer_lists.get(name, [])
     if not names:

@@ -28,6 +28,7 @@ from phalanx.core import Team
 from phalanx.head import clock as timed
 from phalanx.head import scheduling, store
 from phalanx.head.mirror import Mirror, Settings, Tx
+from phalanx.head.overload import Backlog, Horizon
 from phalanx.head.timesource import Clock, SystemClock
 
 log = logging.getLogger("phalanx.head")
@@ -51,6 +52,7 @@ class HeadError(Exception):
 class _Op:
     fn: Callable[[Tx], Any]
     future: Future[Any] | asyncio.Future[Any]  # a thread's, or an event loop's
+    queued: float = dataclasses.field(default_factory=time.monotonic)  # head/overload.py
 
 
 class ControlThread:
@@ -79,6 +81,10 @@ class ControlThread:
         # as progress reports): the dashboard's cheap "something changed" (head/dashboard).
         self.changes = 0
         self._pauses = timed.PauseWatch(settings, self.clock.monotonic())
+        # How far behind the head is, and the lease clock that does not count it against
+        # nodes (head/overload.py); real monotonic seconds, whatever `clock` is.
+        self.backlog = Backlog()
+        self.horizon = Horizon()
         # Unexpected exceptions in operations or cycles that were rolled back and survived.
         self.loop_errors = 0
         self._kicked = False  # something changed that the scheduler should look at
@@ -163,7 +169,7 @@ class ControlThread:
         settings = self.mirror.settings
         mono = self.clock.monotonic
         next_tick = mono()
-        self._pauses = timed.PauseWatch(settings, next_tick)
+        self._pauses = timed.PauseWatch(settings, next_tick, time.process_time())
         while not self._stopping:
             ops: list[_Op] = []
             wake = next_tick
@@ -183,8 +189,12 @@ class ControlThread:
             paused = 0.0
             if tick:
                 next_tick = mono() + settings.tick_s
-                paused = self._pauses.paused(mono())
-            self._batch(ops, tick, paused)
+                paused = self._pauses.paused(mono(), time.process_time())
+            self.backlog.control_batch(ops[0].queued if ops else None)
+            try:
+                self._batch(ops, tick, paused)
+            finally:
+                self.backlog.control_idle()
 
     def _connect(self) -> Connection:
         held, self._held = self._held, None
@@ -239,7 +249,13 @@ class ControlThread:
                     current = None
                     now = tx.now
                     if tick:
-                        timed.tick(self.mirror, tx, now, paused)
+                        # Leases judged up to when the head could hear (head/overload.py).
+                        cfg = self.mirror.settings
+                        behind = self.backlog.behind_s()
+                        heard = self.horizon.heard_until(
+                            now, behind, cfg.overload_grace_s, cfg.lease_s
+                        )
+                        timed.tick(self.mirror, tx, now, paused, heard)
                     self._kicked = self._kicked or tx.kick or self.mirror.core_dirty
                     mono = self.clock.monotonic()
                     due = mono >= self._last_cycle + CYCLE_MIN_INTERVAL_S

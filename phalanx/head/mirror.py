@@ -30,6 +30,13 @@ class Settings:
     # once `lease_s + requeue_margin_s` have passed: a job never runs as two copies.
     lease_s: float = 8.0
     requeue_margin_s: float = 2.0
+    # The head's own backlog is not a node's silence (head/overload.py): a lease is judged
+    # against the time up to which the head could hear, at most this far behind now (0:
+    # the wall clock alone). A dead node is down by lease_s + this at the latest.
+    overload_grace_s: float = 30.0
+    # Past this backlog (seconds), the head answers users' submits and reads 503 with
+    # Retry-After, so that heartbeats get the head first (head/shedding.py; 0: never).
+    shed_backlog_s: float = 2.0
     kill_grace_s: float = 5.0  # SIGTERM → SIGKILL when a job is stopped
     preempt_grace_s: float = 60.0  # a preemption notice → the kill (jobs may override)
     hang_timeout_s: float = 600.0  # no progress report for this long → restart (0: off)

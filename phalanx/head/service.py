@@ -495,8 +495,28 @@ class Head:
             raise Forbidden("heartbeats need a node credential")
         if who.node != hb.name:
             raise Forbidden(f"this node credential is node {who.node!r}'s, not {hb.name!r}")
+        # Until its lease is renewed or its report applied, and again while its answer is
+        # built, this heartbeat is part of the head's backlog (head/overload.py).
+        backlog = self.control.backlog
+        with backlog.handling():
+            kind = await self._take(hb)
+        if kind == "refused":
+            with backlog.handling():
+                return await self._answer(hb.name, full_report=True)
+        if hb.gpus:
+            self.samples.observe(hb.name, hb.gpus, self.now())
+        node = self.mirror.nodes[hb.name]
+        if hb.wait_s > 0 and node.version == hb.version:
+            event = self._wakers.setdefault(hb.name, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), hb.wait_s)
+        with backlog.handling():
+            return await self._answer(hb.name)
+
+    async def _take(self, hb: m.Heartbeat) -> str:
+        """Renew the lease or apply the report: the kind of heartbeat it was (counted)."""
         if self._renew_lease(hb):
-            self._beat_kinds["lease"].inc()
+            kind = "lease"
         else:
 
             def op(tx: Tx) -> str:
@@ -514,17 +534,8 @@ class Head:
                 return "full" if hb.delta is None else "delta"
 
             kind = await self.control.run_async(op)
-            self._beat_kinds[kind].inc()
-            if kind == "refused":
-                return await self._answer(hb.name, full_report=True)
-        if hb.gpus:
-            self.samples.observe(hb.name, hb.gpus, self.now())
-        node = self.mirror.nodes[hb.name]
-        if hb.wait_s > 0 and node.version == hb.version:
-            event = self._wakers.setdefault(hb.name, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), hb.wait_s)
-        return await self._answer(hb.name)
+        self._beat_kinds[kind].inc()
+        return kind
 
     async def _answer(self, name: str, full_report: bool = False) -> bytes:
         """`desired_json` for the event loop: a cached answer without the control lock; one

@@ -484,10 +484,12 @@ class LiveFleet(Fleet):
             return
         now = time.time()
         self.ok_at[node.name] = now
-        before = {j: any(p.running for p in ps) for j, (_, ps) in node.running.items()}
+        before = {j: (e, any(p.running for p in ps)) for j, (e, ps) in node.running.items()}
         node.apply(DesiredState.model_validate_json(content), now)
-        for job_id, was_running in before.items():
-            if job_id not in node.running and was_running:
+        for job_id, (epoch, was_running) in before.items():
+            # Taken away, or requeued and placed here again (a new epoch) between answers.
+            now_epoch = node.running[job_id][0] if job_id in node.running else None
+            if was_running and now_epoch != epoch:
                 self.killed.append((job_id, node.name, now))
         for job_id in node.running:
             if job_id not in before:
