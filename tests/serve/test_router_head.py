@@ -5,8 +5,11 @@ deployment's owner and team."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 import httpx
@@ -17,6 +20,7 @@ from phalanx.api.serving import DeploymentSpec, Endpoint, PoolSpec
 from phalanx.client.serving import ServeClient
 from phalanx.local import LocalCluster
 from phalanx.testing import engines
+from tests.serve.test_deploy_e2e import engine_pid
 from tests.serve.test_router_llama import Proc, _wait_ready, metric, start_router
 
 T = TypeVar("T")
@@ -112,3 +116,50 @@ def test_head_mode_routes_to_the_deployment_and_checks_its_audience(
         router.url + "/metrics", headers={"Authorization": f"Bearer {tokens['alice']}"}
     ).text
     assert metric(metrics, "phalanx_router_requests_total", 'code="200"') >= 8
+
+
+def test_a_replica_killed_mid_load_is_replaced_and_no_request_fails(
+    world: tuple[LocalCluster, dict[str, str], Proc, ServeClient],
+) -> None:
+    # The issue's acceptance, whole: a deployment behind the router in head mode, one
+    # replica's engine SIGKILLed while non-streaming requests flow; every request is
+    # answered (the router retries what had not begun elsewhere), the head replaces the
+    # replica, and the router routes to the replacement.
+    _, tokens, router, alice = world
+    alice.scale(NAME, "aggregated", 2)
+    before = wait_for(
+        "2 ready replicas",
+        lambda: ep if len(ep := alice.endpoints(NAME).endpoints) == 2 else None,
+    )
+    headers = {"Authorization": f"Bearer {tokens['alice']}"}
+    body = {"model": NAME, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}
+    want = httpx.post(router.url + "/v1/completions", json=body, headers=headers, timeout=60)
+    assert want.status_code == 200, want.text
+
+    def ask(_: int) -> httpx.Response:
+        return httpx.post(router.url + "/v1/completions", json=body, headers=headers, timeout=120)
+
+    victim = before[0]
+    pid = engine_pid(victim.url)
+    assert pid is not None
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = [pool.submit(ask, i) for i in range(24)]
+        time.sleep(0.3)  # requests in flight on both replicas
+        os.kill(pid, signal.SIGKILL)
+        answers = [f.result() for f in futures]
+    assert [r.status_code for r in answers] == [200] * 24, [r.text for r in answers]
+    assert all(r.json()["choices"] == want.json()["choices"] for r in answers)
+
+    def replaced() -> list[Endpoint] | None:
+        ep = alice.endpoints(NAME).endpoints
+        ids = {e.job_id for e in ep}
+        return ep if len(ep) == 2 and victim.job_id not in ids else None
+
+    fresh = wait_for("a replacement replica", replaced)
+    new_id = ({e.job_id for e in fresh} - {e.job_id for e in before}).pop()
+
+    def served_by_new() -> bool:
+        got = {ask(0).headers.get("x-phalanx-replica") for _ in range(4)}
+        return str(new_id) in got
+
+    wait_for("the router to route to the replacement", served_by_new, timeout=30)
