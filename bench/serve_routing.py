@@ -13,8 +13,9 @@ of SmolLM2-135M (phalanx.serve.engines' command line, `-t 1 -np SLOTS -c CTX`) b
 replica and the router warmed up with a short request of unrelated words (not measured),
 then the SAME request list replayed open loop through the router with the bench client
 (phalanx.serve.bench.run_async: streaming completions, greedy, ignore_eos). `--repeat N`
-runs N pairs, alternating which policy goes first (the shared host's load drifts); each
-pair is reported (`runs`) and each policy's figures pool every request of its runs.
+runs N rounds (one run per policy), the order reversed every other round (the shared
+host's load drifts); each round is reported (`runs`) and each policy's figures pool every
+request of its runs.
 
 The trace, scaled down (each factor echoed in the JSON): 1 Mooncake conversation in
 `--every` (all its turns: the trace's prefix sharing is kept — a whole-trace sample shares
@@ -191,7 +192,7 @@ def main() -> int:
     parser.add_argument("--ctx", type=int, default=8192, help="-c of every replica")
     parser.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=100.0)
-    parser.add_argument("--repeat", type=int, default=1, help="pairs of runs, order alternating")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds, order reversed every other")
     parser.add_argument(
         "--policies",
         default=",".join(POLICIES),
