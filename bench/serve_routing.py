@@ -1,17 +1,21 @@
 """KV-aware routing vs round-robin on the Mooncake conversation trace (issue 15).
 
     .venv/bin/python bench/serve_routing.py [--every 100] [--scale 0.02] [--compress 40]
-        [--num 200] [--replicas 4] [--slots 4] [--ctx 8192] [--repeat 1] [--smoke]
+        [--num 200] [--replicas 4] [--slots 4] [--ctx 8192] [--repeat 1]
+        [--policies round-robin,kv-aware] [--smoke]
 
-For each policy (round-robin first, then kv-aware), on FRESH processes (nothing of the
+For each policy (`--policies`: round-robin, the baseline, first; e.g.
+round-robin,kv-aware-simple,kv-aware compares the old kv-aware cost and the new one on the
+same requests), on FRESH processes (nothing of the
 first run's KV or prefix index reaches the second): `--replicas` real llama-server replicas
 of SmolLM2-135M (phalanx.serve.engines' command line, `-t 1 -np SLOTS -c CTX`) behind
 `phalanx serve router --replica … --no-auth --policy P` (its own process, no head), each
 replica and the router warmed up with a short request of unrelated words (not measured),
 then the SAME request list replayed open loop through the router with the bench client
 (phalanx.serve.bench.run_async: streaming completions, greedy, ignore_eos). `--repeat N`
-runs N pairs, alternating which policy goes first (the shared host's load drifts); each
-pair is reported (`runs`) and each policy's figures pool every request of its runs.
+runs N rounds (one run per policy), the order reversed every other round (the shared
+host's load drifts); each round is reported (`runs`) and each policy's figures pool every
+request of its runs.
 
 The trace, scaled down (each factor echoed in the JSON): 1 Mooncake conversation in
 `--every` (all its turns: the trace's prefix sharing is kept — a whole-trace sample shares
@@ -25,7 +29,8 @@ Reports per policy: mean/median/p99 TTFT, TPOT, ITL, E2E (ms), goodput under
 `--slo-ttft-ms`/`--slo-tpot-ms`, the engines' prefix-cache hit rate (usage's
 cached_tokens / prompt tokens) and the router's predicted one (its prefix index:
 phalanx_router_cached_blocks_total / phalanx_router_prompt_blocks_total over the run),
-requests per replica; then ratios round-robin / kv-aware, and the host (CPUs, CPU steal,
+requests per replica; then ratios round-robin / each other policy (`ratio_rr_over`;
+`ratio_rr_over_kv` for kv-aware), and the host (CPUs, CPU steal,
 load average). Everything — replicas, router, client — shares this machine's cores.
 
 `--smoke`: 2 replicas, 8 requests, tiny lengths (tests/serve/test_bench_smoke.py).
@@ -69,6 +74,7 @@ from phalanx.serve.bench import (
 )
 
 POLICIES = ("round-robin", "kv-aware")
+KNOWN = ("round-robin", "least-load", "power-of-two", "kv-aware", "kv-aware-simple")
 
 
 @dataclass
@@ -186,9 +192,25 @@ def main() -> int:
     parser.add_argument("--ctx", type=int, default=8192, help="-c of every replica")
     parser.add_argument("--slo-ttft-ms", type=float, default=2000.0)
     parser.add_argument("--slo-tpot-ms", type=float, default=100.0)
-    parser.add_argument("--repeat", type=int, default=1, help="pairs of runs, order alternating")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds, order reversed every other")
+    parser.add_argument(
+        "--policies",
+        default=",".join(POLICIES),
+        help="comma-separated, round-robin first (the baseline); e.g. "
+        "round-robin,kv-aware-simple,kv-aware",
+    )
     parser.add_argument("--smoke", action="store_true", help="2 replicas, 8 requests (tests)")
     args = parser.parse_args()
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    if (
+        len(policies) < 2
+        or policies[0] != "round-robin"
+        or len(set(policies)) != len(policies)
+        or not set(policies) <= set(KNOWN)
+    ):
+        parser.error(
+            f"--policies: round-robin first, then one or more of {', '.join(KNOWN[1:])}, each once"
+        )
     counts = (args.every, args.num, args.slots, args.repeat, args.replicas)
     if min(counts) < 1 or args.ctx < 256:
         parser.error("--every, --num, --slots (and --repeat, --replicas) must be ≥ 1, --ctx ≥ 256")
@@ -235,28 +257,34 @@ def main() -> int:
             "note": "replicas, router and client share this host's cores",
         },
     }
-    runs: dict[str, list[Run]] = {p: [] for p in POLICIES}
+    out["policies"] = list(policies)
+    others = policies[1:]
+    runs: dict[str, list[Run]] = {p: [] for p in policies}
     out["runs"] = []
     for k in range(args.repeat):
-        # Alternate which policy goes first: the host's load drifts between runs.
-        order = POLICIES if k % 2 == 0 else POLICIES[::-1]
+        # Alternate the order: the host's load drifts between runs.
+        order = policies if k % 2 == 0 else policies[::-1]
         for policy in order:
             runs[policy].append(one_policy(args, policy, requests))
-        one = {p: summary(args, [runs[p][k]]) for p in POLICIES}
+        one = {p: summary(args, [runs[p][k]]) for p in policies}
         out["runs"].append(
             {
                 "order": list(order),
-                "ttft_mean_ms": {p: one[p]["ttft_ms"]["mean"] for p in POLICIES},
-                "ttft_p99_ms": {p: one[p]["ttft_ms"]["p99"] for p in POLICIES},
-                "engine_hit_rate": {p: one[p]["engine_prefix_cache_hit_rate"] for p in POLICIES},
-                "ratio_rr_over_kv": ratios(one["round-robin"], one["kv-aware"]),
+                "ttft_mean_ms": {p: one[p]["ttft_ms"]["mean"] for p in policies},
+                "ttft_p99_ms": {p: one[p]["ttft_ms"]["p99"] for p in policies},
+                "engine_hit_rate": {p: one[p]["engine_prefix_cache_hit_rate"] for p in policies},
+                "requests_per_replica": {p: one[p]["requests_per_replica"] for p in policies},
+                "ratio_rr_over": {p: ratios(one["round-robin"], one[p]) for p in others},
                 "loadavg_1m": round(os.getloadavg()[0], 2),
             }
         )
-    for policy in POLICIES:
+    for policy in policies:
         out[policy] = summary(args, runs[policy])
-    out["ratio_rr_over_kv"] = ratios(out["round-robin"], out["kv-aware"])
-    out["target_2x_lower_mean_ttft_met"] = out["ratio_rr_over_kv"]["ttft_mean"] >= 2.0
+    # round-robin's figure / the policy's: > 1, the policy is better.
+    out["ratio_rr_over"] = {p: ratios(out["round-robin"], out[p]) for p in others}
+    if "kv-aware" in policies:
+        out["ratio_rr_over_kv"] = out["ratio_rr_over"]["kv-aware"]
+        out["target_2x_lower_mean_ttft_met"] = out["ratio_rr_over_kv"]["ttft_mean"] >= 2.0
     out["host"] = host(before)
     print(json.dumps(out, indent=2))
     return 0

@@ -32,7 +32,7 @@ from phalanx.api.states import JobStateCode
 
 Engine = Literal["llama.cpp", "vllm", "custom"]
 PoolRole = Literal["aggregated", "prefill", "decode"]
-Policy = Literal["round-robin", "least-load", "power-of-two", "kv-aware"]
+Policy = Literal["round-robin", "least-load", "power-of-two", "kv-aware", "kv-aware-simple"]
 
 MAX_REPLICAS = 1024
 MAX_ENGINE_ARGS = 256

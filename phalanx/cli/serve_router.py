@@ -15,7 +15,7 @@ from phalanx.api.serving import Engine, Policy
 from phalanx.serve.router.autoscale import AutoscaleOptions, autoscale_job
 from phalanx.serve.router.server import RouterOptions, RouterSetupError, serve
 
-POLICIES = ("round-robin", "least-load", "power-of-two", "kv-aware")
+POLICIES = ("round-robin", "least-load", "power-of-two", "kv-aware", "kv-aware-simple")
 ENGINES: tuple[Engine, ...] = ("llama.cpp", "vllm", "custom")
 
 

@@ -424,3 +424,57 @@ def test_stats_window_in_a_running_router_measures_ttft_and_tpot(setup: Setup) -
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_kv_aware_counts_a_request_as_prefill_until_its_first_token_then_as_decoding(
+    setup: Setup,
+) -> None:
+    """The outstanding work the kv-aware cost weighs, read from a running router: a
+    streamed request's uncached blocks count as prefill until its first event is back,
+    then only as a sequence in flight; nothing is left once it ends."""
+    routers: list[Router] = []
+
+    async def keep(router: Router) -> None:
+        routers.append(router)
+
+    options = RouterOptions(
+        replicas=[r.url for r in setup.replicas], engine_key=KEY, no_auth=True,
+        served_model_name=MODEL, policy="kv-aware", block_chars=64,
+    )  # fmt: skip
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(build(options, background=[keep]), port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while not (server.started and routers) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        router = routers[0]
+        prompt = "Tell me about the sea and the ships on it, " * 8  # 344 chars: 5 blocks
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 200, "temperature": 0,
+                "ignore_eos": True, "stream": True}  # fmt: skip
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            chunks = r.iter_bytes()
+            next(chunks)  # the first token is back: it is decoding now
+            (busy,) = [x for x in router.replicas if x.in_flight]
+            assert (busy.in_flight, busy.active_blocks) == (1, 5)
+            assert (busy.prefilling, busy.prefill_blocks) == (0, 0)
+            # A second prompt with the same prefix goes where it is cached: 0 + 1 decoding
+            # there against 5 blocks to prefill on the idle replica.
+            again = httpx.post(url + "/v1/completions", json={
+                "model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0
+            }, timeout=60)  # fmt: skip
+            assert again.headers["x-phalanx-replica"] == r.headers["x-phalanx-replica"]
+        deadline = time.monotonic() + 20
+        while any(x.in_flight for x in router.replicas):
+            assert time.monotonic() < deadline, "the stream was never let go"
+            time.sleep(0.05)
+        for x in router.replicas:
+            assert (x.prefilling, x.prefill_blocks, x.active_blocks) == (0, 0, 0)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

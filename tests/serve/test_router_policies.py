@@ -22,6 +22,7 @@ from phalanx.serve.router.access import (
 from phalanx.serve.router.checks import depth_ok
 from phalanx.serve.router.policies import (
     KvAware,
+    KvAwareSimple,
     LeastLoad,
     PowerOfTwo,
     ReplicaLoad,
@@ -78,9 +79,11 @@ def test_power_of_two_never_takes_the_busier_of_its_two_samples() -> None:
     assert policy.choose(loads(4), RouteRequest()).job_id == 1
 
 
-def test_kv_aware_sends_a_cached_prefix_back_to_its_replica_unless_it_is_too_busy() -> None:
+def test_kv_aware_simple_sends_a_cached_prefix_back_unless_its_prompts_in_flight_weigh_more() -> (
+    None
+):
     index = PrefixIndex()
-    policy = KvAware(index)
+    policy = KvAwareSimple(index)
     prompt = block_hashes("x" * 64 * 10, 64)
     assert len(prompt) == 10
     index.add(ep(2).url, prompt[:8])  # replica 2 holds 8 of the 10 blocks
@@ -91,9 +94,93 @@ def test_kv_aware_sends_a_cached_prefix_back_to_its_replica_unless_it_is_too_bus
     assert policy.choose(loads(2, 0, 1, blocks=(2, 0, 1)), RouteRequest()).job_id == 2
 
 
+def load(
+    in_flight: int = 0,
+    prefilling: int = 0,
+    prefill_blocks: int = 0,
+    *,
+    slots: int = 4,
+    job: int = 1,
+    active_blocks: int = 0,
+) -> ReplicaLoad:
+    return ReplicaLoad(ep(job, slots), in_flight, active_blocks, prefilling, prefill_blocks)
+
+
+# (replica's load, blocks of the 10-block prompt it has cached, expected cost) with the
+# default weights: overlap 1 × (new + queued prefill) + decode 1 × decoding + queue 4 ×
+# requests beyond a free slot.
+KV_COSTS = [
+    (load(), 0, 10.0),  # idle, nothing cached: the whole prompt to prefill
+    (load(), 8, 2.0),  # idle, 8 cached: 2 to prefill
+    (load(1, 1, 5), 8, 7.0),  # + one request still prefilling 5 blocks
+    (load(1, 0, 0, active_blocks=40), 8, 3.0),  # + one decoding (its 40-block prompt done)
+    (load(3, 1, 2), 8, 6.0),  # 2 + 2 queued prefill + 2 decoding; 3 of 4 slots busy
+    (load(4, 0, 0), 8, 2.0 + 4.0 + 4.0),  # 4 decoding, every slot full: waits for one
+    (load(5, 1, 3, slots=4), 8, 2.0 + 3.0 + 4.0 + 8.0),  # 2 beyond the slots
+    (load(2, 3, 0), 0, 10.0),  # counts never go negative (decoding = max(2 − 3, 0))
+]
+
+
+@pytest.mark.parametrize(("replica", "cached", "cost"), KV_COSTS)
+def test_kv_aware_cost_counts_the_work_still_outstanding(
+    replica: ReplicaLoad, cached: int, cost: float
+) -> None:
+    index = PrefixIndex()
+    prompt = block_hashes("x" * 64 * 10, 64)
+    index.add(replica.endpoint.url, prompt[:cached])
+    assert KvAware(index).cost(replica, RouteRequest(prompt)) == cost
+
+
+def test_kv_aware_weights_scale_their_terms() -> None:
+    index = PrefixIndex()
+    prompt = block_hashes("x" * 64 * 10, 64)
+    busy = load(5, 1, 3)  # new 10 + queued 3; 4 decoding; 2 beyond the slots
+    policy = KvAware(index, overlap_weight=2.0, decode_weight=0.5, queue_weight=0.0)
+    assert policy.cost(busy, RouteRequest(prompt)) == 2.0 * 13 + 0.5 * 4
+    assert KvAware(index, overlap_weight=0.0).cost(busy, RouteRequest(prompt)) == 4 + 8
+
+
+def test_kv_aware_sends_a_cached_prefix_back_unless_the_replica_is_busy_prefilling() -> None:
+    index = PrefixIndex()
+    policy = KvAware(index)
+    prompt = block_hashes("x" * 64 * 10, 64)
+    index.add(ep(2).url, prompt[:8])  # replica 2 holds 8 of the 10 blocks
+    request = RouteRequest(prompt)
+    idle = [load(job=1), load(job=2), load(job=3)]
+    assert policy.choose(idle, request).job_id == 2
+    # Replica 2 is answering long prompts, all past their first token (decoding): the old
+    # cost counted their 90 blocks; what is left there is 3 sequences decoding: 2 + 3 < 10.
+    decoding = [load(job=1), load(3, 0, 0, job=2, active_blocks=90), load(job=3)]
+    assert policy.choose(decoding, request).job_id == 2
+    assert KvAwareSimple(index).choose(decoding, request).job_id != 2
+    # Replica 2 still has 9 uncached blocks to prefill before this one: 2 + 9 + 0 > 10.
+    prefilling = [load(job=1), load(1, 1, 9, job=2), load(job=3)]
+    assert policy.choose(prefilling, request).job_id != 2
+    # Replica 2's slots are all taken (2 of 2 decoding): 2 + 2 + 4 = 8 < 10 still wins …
+    full = [load(job=1), load(2, 0, 0, slots=2, job=2), load(job=3)]
+    assert policy.choose(full, request).job_id == 2
+    # … but not with 2 more waiting for those slots: 2 + 4 + 4 × 3 > 10.
+    queued = [load(job=1), load(4, 2, 0, slots=2, job=2), load(job=3)]
+    assert policy.choose(queued, request).job_id != 2
+
+
+def test_kv_aware_without_blocks_balances_by_outstanding_work_then_load() -> None:
+    policy = KvAware(PrefixIndex())
+    short = RouteRequest()  # a prompt shorter than a block: no hashes
+    # Costs 1 (1 decoding), 4 (prefilling 4 blocks), 2 (2 decoding): replica 1.
+    replicas = [load(1, 0, 0, job=1), load(1, 1, 4, job=2), load(2, 0, 0, job=3)]
+    assert policy.choose(replicas, short).job_id == 1
+    # Equal costs: the fewest in flight per slot (replica 1 has 8 slots) …
+    tied = [load(2, 0, 0, slots=8, job=1), load(2, 0, 0, job=2)]
+    assert policy.choose(tied, short).job_id == 1
+    # … and ties beyond that go round the replicas.
+    even = [load(job=1), load(job=2), load(job=3)]
+    assert {policy.choose(even, short).job_id for _ in range(6)} == {1, 2, 3}
+
+
 def test_make_policy_knows_every_name() -> None:
     index = PrefixIndex()
-    for name in ("round-robin", "least-load", "power-of-two", "kv-aware"):
+    for name in ("round-robin", "least-load", "power-of-two", "kv-aware", "kv-aware-simple"):
         assert make_policy(name, index).name == name
 
 

@@ -62,6 +62,25 @@ class _Outcome:
     tpot_s: float | None = None
 
 
+class _Prefill:
+    """A request's prefill on its replica: counted (`prefilling`, `prefill_blocks`) from the
+    send until `done` — the first token back, or the try over — and only once."""
+
+    __slots__ = ("blocks", "replica")
+
+    def __init__(self, replica: Replica, blocks: int) -> None:
+        self.replica: Replica | None = replica
+        self.blocks = blocks
+        replica.prefilling += 1
+        replica.prefill_blocks += blocks
+
+    def done(self) -> None:
+        if self.replica is not None:
+            self.replica.prefilling -= 1
+            self.replica.prefill_blocks -= self.blocks
+            self.replica = None
+
+
 class Router:
     """The ASGI app. `tokens` None: no authentication (only with --no-auth, for benches)."""
 
@@ -307,12 +326,12 @@ class Router:
                 candidates = self.replicas.routable(pool, tried) if target is None else [target]
                 if not candidates:
                     break
-                replica = self.pick(candidates, hashes)
+                replica, uncached = self.choose(candidates, hashes)
                 if attempt:
                     self.metrics.retries.inc()
                 tried.add(replica.endpoint.url)
                 outcome = await self.exchange(
-                    replica, receive, send, path, raw, stream, received, len(hashes)
+                    replica, receive, send, path, raw, stream, received, len(hashes), uncached
                 )
                 if outcome.sent:
                     break
@@ -340,20 +359,24 @@ class Router:
         if outcome.tpot_s is not None:
             self.metrics.tpot.observe(outcome.tpot_s)
 
-    def pick(self, candidates: list[Replica], hashes: tuple[bytes, ...]) -> Replica:
-        """The policy's choice among `candidates`; the prefix index learns the prompt went
-        there (the engine will have it cached once it has prefilled it)."""
+    def choose(self, candidates: list[Replica], hashes: tuple[bytes, ...]) -> tuple[Replica, int]:
+        """The policy's choice among `candidates` and how many of the prompt's blocks it has
+        not cached; the prefix index learns the prompt went there (the engine will have it
+        cached once it has prefilled it)."""
         if len(candidates) == 1:
             replica = candidates[0]
             self.policy()  # keeps round-robin's turn and the policy name current
         else:
             chosen = self.policy().choose([r.load() for r in candidates], RouteRequest(hashes))
             replica = next(r for r in candidates if r.endpoint is chosen)
+        uncached = 0
         if hashes:
             url = replica.endpoint.url
-            self.metrics.blocks(len(hashes), self.index.matched(url, hashes))
+            matched = self.index.matched(url, hashes)
+            uncached = len(hashes) - matched
+            self.metrics.blocks(len(hashes), matched)
             self.index.add(url, hashes)
-        return replica
+        return replica, uncached
 
     def _replica_failed(self, replica: Replica, reason: str) -> None:
         log.warning("replica %s (%s) failed: %s", replica.name, replica.endpoint.url, reason)
@@ -371,15 +394,21 @@ class Router:
         stream: bool,
         received: float,
         blocks: int,
+        uncached: int = 0,
     ) -> _Outcome:
+        """One try on `replica`. Its load counts the request from here to the end, and its
+        `uncached` blocks as prefill still to do until the first token (or the answer) is
+        back — what the kv-aware policy weighs."""
         replica.in_flight += 1
         replica.active_blocks += blocks
         replica.requests += 1
+        prefill = _Prefill(replica, uncached)
         try:
             if stream:
-                return await self._stream(replica, receive, send, path, raw, received)
+                return await self._stream(replica, receive, send, path, raw, received, prefill)
             return await self._whole(replica, send, path, raw, received)
         finally:
+            prefill.done()
             replica.in_flight -= 1
             replica.active_blocks -= blocks
 
@@ -418,6 +447,7 @@ class Router:
         path: str,
         raw: bytes,
         received: float,
+        prefill: _Prefill,
     ) -> _Outcome:
         try:
             response = await replica.upstream.request(
@@ -440,6 +470,7 @@ class Router:
         except UpstreamError as e:
             await chunks.aclose()
             return _Outcome(False, False, 502, f"stream broke: {e}")
+        prefill.done()  # the first token is back: the replica is decoding it now
         ReplicaSet.succeeded(replica)
         # Watch for the client leaving (uvicorn's send then does nothing): stop the
         # replica's generation by dropping its connection.

@@ -79,10 +79,12 @@ class Disagg:
                 decodes = router.replicas.routable("decode", tried)
                 if not prefills or not decodes:
                     break
-                prefill = router.pick(prefills, hashes)
+                prefill, uncached = router.choose(prefills, hashes)
                 chosen = self._decode_policy.choose([r.load() for r in decodes], RouteRequest())
                 decode = next(r for r in decodes if r.endpoint is chosen)
                 prefill.in_flight += 1
+                prefill.prefilling += 1
+                prefill.prefill_blocks += uncached
                 router.stats.started("prefill")
                 started = time.perf_counter()
                 try:
@@ -105,6 +107,8 @@ class Disagg:
                     continue
                 finally:
                     prefill.in_flight -= 1
+                    prefill.prefilling -= 1
+                    prefill.prefill_blocks -= uncached
                 router.stats.ended("prefill", True, time.perf_counter() - started)
                 router.metrics.handoff.observe(time.perf_counter() - started)
                 router.stats.queued("prefill", -1)

@@ -25,6 +25,8 @@ class Replica:
     upstream: Upstream
     in_flight: int = 0
     active_blocks: int = 0
+    prefilling: int = 0  # in flight, first token not back yet
+    prefill_blocks: int = 0  # their uncached prompt blocks
     requests: int = 0
     failures: int = 0
     failed_in_a_row: int = 0
@@ -32,7 +34,9 @@ class Replica:
     name: str = field(default="")
 
     def load(self) -> ReplicaLoad:
-        return ReplicaLoad(self.endpoint, self.in_flight, self.active_blocks)
+        return ReplicaLoad(
+            self.endpoint, self.in_flight, self.active_blocks, self.prefilling, self.prefill_blocks
+        )
 
 
 class ReplicaSet:
