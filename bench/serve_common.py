@@ -7,6 +7,7 @@ host's CPU steal and load average.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import socket
@@ -250,3 +251,23 @@ def sampled_trace(
         raise SystemExit("the sample is empty")
     t0 = chosen[0].arrival_s
     return [replace(req, arrival_s=req.arrival_s - t0) for req in chosen]
+
+
+def scale_down(
+    requests: Sequence[BenchRequest], args: argparse.Namespace, unit: str
+) -> dict[str, object]:
+    """How a trace was scaled down for a run (the JSON's `scale_down`): one `unit` (requests,
+    conversations) in `--every`, lengths × `--scale`, times ÷ `--compress`, and what that gave."""
+    span = max(r.arrival_s for r in requests)
+    return {
+        f"{unit}_sampled_one_in": args.every,
+        "token_length_scale": args.scale,
+        "time_compress": args.compress,
+        "arrival_rate_vs_trace": round(args.compress / args.every, 4),
+        "max_input_tokens": args.max_input,
+        "offset": args.offset,
+        "requests": len(requests),
+        "offered_rate_rps": round((len(requests) - 1) / span, 3) if span else None,
+        "mean_prompt_words": round(sum(r.prompt_len for r in requests) / len(requests), 1),
+        "mean_max_tokens": round(sum(r.max_tokens for r in requests) / len(requests), 1),
+    }

@@ -48,6 +48,7 @@ from serve_common import (
     prometheus,
     running,
     sampled_trace,
+    scale_down,
     start_replica,
     start_router,
     wait_ready,
@@ -164,23 +165,11 @@ def main() -> int:
         num=args.num,
         offset=args.offset,
     )
-    span = max(r.arrival_s for r in requests)
     before = cpu_times()
     out: dict[str, Any] = {
         "bench": "serve_disagg",
         "trace": "azure_llm_2023_conv.csv",
-        "scale_down": {
-            "requests_sampled_one_in": args.every,
-            "token_length_scale": args.scale,
-            "time_compress": args.compress,
-            "arrival_rate_vs_trace": round(args.compress / args.every, 4),
-            "max_input_tokens": args.max_input,
-            "offset": args.offset,
-            "requests": len(requests),
-            "offered_rate_rps": round((len(requests) - 1) / span, 3) if span else None,
-            "mean_prompt_words": round(sum(r.prompt_len for r in requests) / len(requests), 1),
-            "mean_max_tokens": round(sum(r.max_tokens for r in requests) / len(requests), 1),
-        },
+        "scale_down": scale_down(requests, args, "requests"),
         "setup": {
             "aggregated": "2 aggregated replicas, router --policy least-load",
             "disaggregated": "1 prefill + 1 decode replica, router --prefill/--decode "
