@@ -65,6 +65,7 @@ from typing import Any
 import httpx
 
 from phalanx.api.models import ArraySpec, JobSpec
+from phalanx.head.mirror import Settings
 from phalanx.local.cluster import LocalCluster
 from phalanx.testing import overload
 from phalanx.testing.fleet import Fleet, HeadConnection, LiveFleet
@@ -81,6 +82,10 @@ def percentile(values: list[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def secs(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def ms(value: float | None) -> float | None:
@@ -240,6 +245,11 @@ def _stats(fleet: LiveFleet, probes: set[str], since: float) -> dict[str, Any]:
         "errors": fleet.errors[:5],
         "failures": dict(fleet.failures),
         "silent": sorted(n.name for n in alive if fleet.ok_at.get(n.name, 0.0) < since)[:5],
+        # When each node was first answered after `since`, had it gone unanswered across it.
+        "back": [at for _, before, at in fleet.gaps if before < since <= at] if since else [],
+        # Jobs that ran on a node that died: their gang partners on live nodes are stopped
+        # and the gang requeued, rightly (gang or nothing).
+        "dead_jobs": sorted({j for n in fleet.nodes if n.name in fleet.dead for j in n.running}),
     }
 
 
@@ -277,12 +287,13 @@ class Sims:
 
     def stats(self, since: float = 0.0) -> dict[str, Any]:
         parts = [r[1] for r in self.ask("stats", since)]
-        out: dict[str, Any] = {k: [] for k in ("latencies", "seen", "killed", "errors", "silent")}
+        lists = ("latencies", "seen", "killed", "errors", "silent", "back", "dead_jobs")
+        out: dict[str, Any] = {k: [] for k in lists}
         out["failures"] = {}
         for k in ("alive", "answered_since", "running", "busy_gpus", "heartbeats", "ended"):
             out[k] = sum(p[k] for p in parts)
         for p in parts:
-            for k in ("latencies", "seen", "killed", "errors", "silent"):
+            for k in lists:
                 out[k].extend(p[k])
             for k, v in p["failures"].items():
                 out["failures"][k] = out["failures"].get(k, 0) + v
@@ -522,6 +533,7 @@ def run_one(n: int, args: argparse.Namespace, db_url: str | None) -> dict[str, A
                 load_s = time.perf_counter() - wall0
                 load_cpu = proc_cpu_s(pid) - cpu0
                 st = sims.stats()
+                dead_jobs = set(st["dead_jobs"])
                 starts = start_latencies(api, st["seen"], args.sample, rng)
                 result["load"] = {
                     "seconds": round(load_s, 1),
@@ -539,7 +551,12 @@ def run_one(n: int, args: argparse.Namespace, db_url: str | None) -> dict[str, A
                     "death_detected_max_s": round(max(down), 1) if down else None,
                     "joined": join_n,
                     "join_batch_s": round(join_s, 2),
-                    "killed_running_jobs": len(st["killed"]),
+                    # Taken from live nodes for nothing; a gang partner of a node that died
+                    # is stopped rightly and counted apart.
+                    "killed_running_jobs": sum(1 for k in st["killed"] if k[0] not in dead_jobs),
+                    "gang_partners_of_dead_nodes_stopped": sum(
+                        1 for k in st["killed"] if k[0] in dead_jobs
+                    ),
                     "errors": st["errors"],
                 }
                 hwm = max(hwm, proc_mem_mb(pid).get("VmHWM", 0.0))
@@ -561,8 +578,21 @@ def run_one(n: int, args: argparse.Namespace, db_url: str | None) -> dict[str, A
                     if st["answered_since"] >= st["alive"] or time.monotonic() > deadline:
                         break
                     time.sleep(0.5)
+                # When nodes were heard back, from the first: an agent whose peers were
+                # answered but not itself for half a lease would have fenced its jobs,
+                # unless told that the head was catching up (head/rejoin.py).
+                back = sorted(st["back"])
+                lease_s = args.lease if args.lease is not None else Settings().lease_s
+                spread = [b - back[0] for b in back] if back else []
                 result["restart"] = {
                     "head_up_s": round(up_s, 1),
+                    "first_answer_s": round(back[0] - t_kill, 1) if back else None,
+                    "heard_back_after_first_s": {
+                        "p50": secs(percentile(spread, 0.5)),
+                        "p99": secs(percentile(spread, 0.99)),
+                        "max": secs(spread[-1] if spread else None),
+                    },
+                    "heard_back_past_half_lease": sum(1 for x in spread if x > lease_s / 2),
                     "all_reconciled_s": round(time.perf_counter() - t, 1),
                     "reconciled": st["answered_since"],
                     "alive": st["alive"],

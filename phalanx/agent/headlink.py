@@ -7,6 +7,7 @@ import contextlib
 import hmac
 import logging
 import os
+import random
 import ssl
 import time
 from functools import partial
@@ -53,6 +54,9 @@ class HeadSeen:
     def __init__(self, name: str) -> None:
         self.name = name
         self.heard: float | None = None  # time.monotonic() of the head's last answer
+        # What that answer said: the head, restarted, still hears its nodes back
+        # (DesiredState.catching_up, head/rejoin.py).
+        self.catching_up = False
         self.secrets: list[str] = []
 
     def learn(self, secret: str) -> None:
@@ -64,7 +68,7 @@ class HeadSeen:
 
     def view(self) -> PeerHeadView:
         age = None if self.heard is None else max(0.0, time.monotonic() - self.heard)
-        return PeerHeadView(name=self.name, head_age_s=age)
+        return PeerHeadView(name=self.name, head_age_s=age, head_catching_up=self.catching_up)
 
 
 class HeadLink:
@@ -154,6 +158,7 @@ class HeadLink:
         self._ride_until = 0.0  # monotonic; 0: not riding
         self._rounds = 0  # peer checks since the head last answered
         self._outage_logged = False
+        self._catching_logged = False
         self._asked = 0.0  # the deadline whose peers were asked
 
     async def run(self) -> None:
@@ -347,6 +352,7 @@ class HeadLink:
         if state.peer_secret:
             self.seen.learn(state.peer_secret)
             self.secrets.add(state.peer_secret)  # never in a job's environment
+        self.seen.catching_up = state.catching_up
         self._ok(sent)
         self.reports.answered(state.report_ack, state.full_report)
         await asyncio.to_thread(self.reconciler.apply, state, refused)
@@ -406,7 +412,9 @@ class HeadLink:
         # While the lease holds, retry at least every heartbeat: a head back from a short
         # outage must hear from us before the lease runs out, or the jobs are fenced.
         cap = _BACKOFF_MAX_S if self._lease_lost else min(_BACKOFF_MAX_S, self.heartbeat_s)
-        await self._pause(min(self._backoff, cap))
+        # Jittered: thousands of agents that lost a head at once must not reconnect to the
+        # restarted one in lockstep (head/rejoin.py).
+        await self._pause(min(self._backoff, cap) * random.uniform(0.5, 1.0))
         self._backoff = min(self._backoff * 2, cap)
 
     def _ok(self, sent: float) -> None:
@@ -419,9 +427,9 @@ class HeadLink:
         self._last_ok = max(self._last_ok, sent)
         self.seen.heard = time.monotonic()
         self._rounds = 0
-        if self._outage_logged:
+        if self._outage_logged or self._catching_logged:
             log.warning("the head answered again after an outage: jobs kept running")
-            self._outage_logged = False
+            self._outage_logged = self._catching_logged = False
         self._lease_file.renew(self._deadline())  # before anything may start
         # An answer to a request sent more than a lease ago does not lift a fence: the
         # head may have given up on this node meanwhile; the next answer will.
@@ -479,13 +487,44 @@ class HeadLink:
         assert heard is not None
         answers = await asyncio.gather(*(self._ask(p) for p in peers))
         slack = self.heartbeat_s + max(0.25, self.heartbeat_s / 4)
-        fresh = [(p.name, last - heard) for p, last in answers if isinstance(last, float)]
-        fresh = [(name, after) for name, after in fresh if after > slack]
-        answered = sum(1 for _, last in answers if last is not False)
         now = time.monotonic()
+        fresh = [(p.name, last - heard) for p, last, _ in answers if isinstance(last, float)]
+        fresh = [(name, after) for name, after in fresh if after > slack]
+        # A peer the head answered lately, saying it is still hearing its nodes back after
+        # a restart (head/rejoin.py): it judges no silence of this node meanwhile, and
+        # requeues a lease and its margin after it stops, so riding half a lease past this
+        # answer (at most a heartbeat old) ends before that.
+        recent = min(slack, self.lease_s / 2)
+        busy = [
+            p.name
+            for p, last, catching in answers
+            if catching
+            and isinstance(last, float)
+            and last - heard > slack
+            and now - last <= recent
+        ]
+        answered = sum(1 for _, last, _ in answers if last is not False)
         deadline = self._deadline()
         cap = self._last_ok + min(self.max_outage_s, self.head_max_outage_s)
-        if fresh:
+        if busy:
+            self.changed.set()  # try the head again at once, as below
+            until = min(now + self.lease_s / 2, cap)
+            if until > deadline:
+                self._ride_until = until
+                self._lease_file.renew(until)
+                if not self._catching_logged:
+                    self._catching_logged = True
+                    log.warning(
+                        "no answer from the head for %.1fs, but peer %s heard it say it is "
+                        "still hearing its nodes back after a restart: jobs keep running "
+                        "while it gets to this node (at most %gs without it)",
+                        now - self._last_ok,
+                        busy[0],
+                        cap - self._last_ok,
+                    )
+                return
+            why = f"the head has been out for the longest outage ({cap - self._last_ok:g}s)"
+        elif fresh:
             name, after = fresh[0]
             why = f"peer {name} heard from the head {after:.1f}s after this node last did "
             why += "(trying the head again now)"
@@ -520,9 +559,10 @@ class HeadLink:
             why = f"the head has been out for the longest outage ({cap - self._last_ok:g}s)"
         log.warning("lease ends in %.1fs and will not be extended: %s", deadline - now, why)
 
-    async def _ask(self, peer: Peer) -> tuple[Peer, float | bool | None]:
-        """(peer, when the head last answered it by this node's clock); None: never;
-        False: no valid answer in time."""
+    async def _ask(self, peer: Peer) -> tuple[Peer, float | bool | None, bool]:
+        """(peer, when the head last answered it by this node's clock, whether that answer
+        said the head was catching up after a restart); None: never; False: no valid
+        answer in time."""
         secret = self.seen.secrets[0] if self.seen.secrets else ""
         try:
             r = await asyncio.wait_for(
@@ -536,9 +576,9 @@ class HeadLink:
         except (httpx.HTTPError, TimeoutError, ValidationError):
             view = None
         if view is None:
-            return peer, False
+            return peer, False, False
         age = view.head_age_s
-        return peer, None if age is None else time.monotonic() - age
+        return peer, None if age is None else time.monotonic() - age, view.head_catching_up
 
     def _check_lease(self) -> None:
         if not self._lease_lost and time.monotonic() > self._deadline():

@@ -658,6 +658,9 @@ class PeerHeadView(Lenient):
 
     name: Name
     head_age_s: float | None
+    # The head's last answer to it said it was still catching up after a restart
+    # (DesiredState.catching_up): a peer the head has not answered yet rides on.
+    head_catching_up: bool = False
 
 
 class DesiredState(Lenient):
@@ -680,6 +683,9 @@ class DesiredState(Lenient):
     # yet), and whether the next report must be full (the head does not hold its base).
     report_ack: Counter | None = None
     full_report: bool = False
+    # A restarted head still hearing its nodes back (head/rejoin.py): it judges no waiting
+    # node's silence meanwhile; agents pass this on to their peers (PeerHeadView).
+    catching_up: bool = False
 
 
 # ----------------------------------------------------------------------------- auth admin

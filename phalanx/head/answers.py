@@ -16,7 +16,9 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 
 # DesiredState fields written per answer, not cached.
-PER_ANSWER = frozenset({"heartbeat_s", "lease_s", "health_ack", "report_ack", "full_report"})
+PER_ANSWER = frozenset(
+    {"heartbeat_s", "lease_s", "health_ack", "report_ack", "full_report", "catching_up"}
+)
 
 
 class DesiredAnswers:
@@ -58,6 +60,7 @@ def complete(
     health_ack: int,
     report_ack: int | None,
     full_report: bool,
+    catching_up: bool = False,
 ) -> bytes:
     """A whole DesiredState's JSON: the per-answer fields, then the cached `body` (a JSON
     object without them, never empty: it holds at least `version` and `jobs`)."""
@@ -66,5 +69,6 @@ def complete(
         f'{{"heartbeat_s":{float(heartbeat_s)!r},"lease_s":{float(lease_s)!r},'
         f'"health_ack":{int(health_ack)},"report_ack":{ack},'
         f'"full_report":{"true" if full_report else "false"},'
+        f'"catching_up":{"true" if catching_up else "false"},'
     )
     return head.encode() + body[1:]

@@ -29,6 +29,7 @@ from phalanx.head import clock as timed
 from phalanx.head import scheduling, store
 from phalanx.head.mirror import Mirror, Settings, Tx
 from phalanx.head.overload import Backlog, Horizon
+from phalanx.head.rejoin import Rejoin
 from phalanx.head.timesource import Clock, SystemClock
 
 log = logging.getLogger("phalanx.head")
@@ -85,6 +86,8 @@ class ControlThread:
         # nodes (head/overload.py); real monotonic seconds, whatever `clock` is.
         self.backlog = Backlog()
         self.horizon = Horizon()
+        # After a start: the fleet heard back before silence is judged (head/rejoin.py).
+        self.rejoin = Rejoin()
         # Unexpected exceptions in operations or cycles that were rolled back and survived.
         self.loop_errors = 0
         self._kicked = False  # something changed that the scheduler should look at
@@ -127,6 +130,7 @@ class ControlThread:
         for node in self.mirror.nodes.values():
             if node.last_heartbeat is not None:
                 node.last_heartbeat = max(node.last_heartbeat, now)
+        self.rejoin.begin(self.mirror, now)
         self._thread.start()
 
     def stop(self) -> None:
@@ -255,6 +259,7 @@ class ControlThread:
                         heard = self.horizon.heard_until(
                             now, behind, cfg.overload_grace_s, cfg.lease_s
                         )
+                        self.rejoin.tick(self.mirror, tx, now)
                         timed.tick(self.mirror, tx, now, paused, heard)
                     self._kicked = self._kicked or tx.kick or self.mirror.core_dirty
                     mono = self.clock.monotonic()

@@ -628,6 +628,7 @@ class Head:
             health_ack=node.health_seq,
             report_ack=self.mirror.held.ack(name),
             full_report=full_report,
+            catching_up=self.control.rejoin.active,
         )
 
     def _desired_body(self, name: str, version: int, peers: tuple[tuple[str, str], ...]) -> bytes:

@@ -398,6 +398,10 @@ async def _response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
     return status, content, headers.get("connection", "").lower() != "close"
 
 
+GAP_S = 5.0  # LiveFleet.gaps: silences longer than this (a long poll is answered sooner)
+MAX_GAPS = 200_000
+
+
 @dataclass
 class LiveFleet(Fleet):
     """A Fleet whose nodes long-poll as a real agent does, for the fleet benchmark.
@@ -428,6 +432,9 @@ class LiveFleet(Fleet):
     dead: dict[str, float] = field(default_factory=dict)  # node → its last heartbeat sent
     ended: int = 0
     failures: dict[str, int] = field(default_factory=dict)  # heartbeats that failed, by error
+    # Long silences: (node, its answer before, the answer that ended it), for gaps between
+    # two answers of over GAP_S (a head restart: when each node was heard back).
+    gaps: list[tuple[str, float, float]] = field(default_factory=list)
     _sent: dict[str, float] = field(default_factory=dict)
     _news: dict[str, asyncio.Event] = field(default_factory=dict)
     _tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -483,6 +490,9 @@ class LiveFleet(Fleet):
                 self.errors.append(f"{node.name}: heartbeat {status} {text}")
             return
         now = time.time()
+        before_s = self.ok_at.get(node.name)
+        if before_s is not None and now - before_s > GAP_S and len(self.gaps) < MAX_GAPS:
+            self.gaps.append((node.name, before_s, now))
         self.ok_at[node.name] = now
         before = {j: (e, any(p.running for p in ps)) for j, (e, ps) in node.running.items()}
         node.apply(DesiredState.model_validate_json(content), now)
@@ -527,7 +537,8 @@ class LiveFleet(Fleet):
                     status, content = post.result()
                 except (OSError, asyncio.IncompleteReadError, ValueError) as e:
                     self.failures[type(e).__name__] = self.failures.get(type(e).__name__, 0) + 1
-                    await asyncio.sleep(self.retry_s)  # the head is away: try again shortly
+                    # The head is away: try again shortly, jittered as agent/headlink.py does.
+                    await asyncio.sleep(self.retry_s * random.uniform(0.5, 1.0))
                     continue
                 if node.name in self.dead:
                     return  # died while its last heartbeat was out

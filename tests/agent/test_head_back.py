@@ -9,6 +9,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,10 @@ class OutageHead:
     def __init__(self, desired: DesiredState) -> None:
         self.answered = 0
         self._out = threading.Event()  # set: the head is out
+        # The head, restarted, answers the peer (saying so when `busy`) but has not got to
+        # this agent yet: its heartbeats are held unanswered.
+        self.busy = False
+        self._unheard = threading.Event()
         self._closed = threading.Event()
         head = self
 
@@ -48,7 +53,7 @@ class OutageHead:
 
             def do_GET(self) -> None:
                 age = None if head._out.is_set() else 0.0
-                view = PeerHeadView(name="peer-1", head_age_s=age)
+                view = PeerHeadView(name="peer-1", head_age_s=age, head_catching_up=head.busy)
                 with contextlib.suppress(OSError):
                     _reply(self, 200, view.model_dump_json().encode())
 
@@ -63,7 +68,7 @@ class OutageHead:
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
     def _post(self, req: BaseHTTPRequestHandler, body: bytes) -> None:
-        if self._out.is_set():
+        if self._out.is_set() or self._unheard.is_set():
             self._closed.wait()  # never answered, also after back()
             return
         if req.path == "/v1/agent/register":
@@ -84,6 +89,13 @@ class OutageHead:
     def back(self) -> None:
         self._out.clear()
 
+    def catching_up(self, busy: bool) -> None:
+        """Back for the peer, which heard the head now (`busy`: the head said it is still
+        hearing its nodes back); this agent's heartbeats stay unanswered."""
+        self.busy = busy
+        self._unheard.set()
+        self._out.clear()
+
     def close(self) -> None:
         self._closed.set()
         self._server.shutdown()
@@ -98,9 +110,8 @@ def _reply(req: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
     req.wfile.write(body)
 
 
-def test_an_agent_whose_peer_heard_the_head_tries_it_at_once_and_keeps_its_job(
-    tmp_path: Path,
-) -> None:
+def _job_and_state(tmp_path: Path) -> tuple[Any, DesiredState]:
+    """A job that writes its pid and sleeps, and the desired state that runs it."""
     script = f"echo $$ > {tmp_path / 'pid'}; exec sleep 120"
     job = assignment(
         command=["sh", "-c", script],
@@ -123,6 +134,13 @@ def test_an_agent_whose_peer_heard_the_head_tries_it_at_once_and_keeps_its_job(
         requeue_margin_s=1.0,
         max_outage_s=60.0,
     )
+    return job, desired
+
+
+def test_an_agent_whose_peer_heard_the_head_tries_it_at_once_and_keeps_its_job(
+    tmp_path: Path,
+) -> None:
+    _, desired = _job_and_state(tmp_path)
     head = OutageHead(desired)
     log = tmp_path / "agent.log"
     agent = AgentProcess(head.url, ADDRESS, tmp_path / "agent", log)
@@ -151,3 +169,36 @@ def test_an_agent_whose_peer_heard_the_head_tries_it_at_once_and_keeps_its_job(
 
 def _read(path: Path) -> str | None:
     return (path.read_text().strip() or None) if path.is_file() else None
+
+
+def test_an_agent_rides_on_while_its_peer_hears_the_head_catching_up_and_fences_after(
+    tmp_path: Path,
+) -> None:
+    """A restarted head answers some agents long before others (10,000 reconnecting at
+    once). An agent whose peer was answered, but which the head has not got to yet, keeps
+    its job while the peer hears the head say it is still catching up (head/rejoin.py);
+    once the peer hears that the head caught up, the agent is alone in being unanswered
+    and fences at its lease, as before."""
+    _, desired = _job_and_state(tmp_path)
+    head = OutageHead(desired)
+    log = tmp_path / "agent.log"
+    agent = AgentProcess(head.url, ADDRESS, tmp_path / "agent", log)
+    pid = 0
+    try:
+        pid = int(wait_for("the rank", lambda: _read(tmp_path / "pid")))
+        head.catching_up(True)
+        wait_for("the agent to hear of it", lambda: "hearing its nodes back" in log.read_text())
+        answered = head.answered
+        time.sleep(4 * LEASE_S)  # four leases unanswered
+        text = log.read_text()
+        assert "fenced" not in text, text
+        assert pid_alive(pid)
+        assert head.answered == answered  # never answered meanwhile: it rode on
+        head.catching_up(False)  # caught up, and still not answering this agent
+        wait_for("the agent to fence", lambda: "fenced" in log.read_text(), 3 * LEASE_S)
+        wait_for("the rank killed", lambda: not pid_alive(pid), 10)
+    finally:
+        agent.stop()
+        head.close()
+        if pid and pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
