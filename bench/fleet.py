@@ -569,6 +569,7 @@ def run_one(n: int, args: argparse.Namespace, db_url: str | None) -> dict[str, A
                 t = time.perf_counter()
                 c.restart_head()
                 up_s = time.perf_counter() - t
+                t_up = time.time()  # the new head answers /healthz
                 pid = head_pid(c)
                 deadline = time.monotonic() + args.reconcile_timeout
                 taken: list[tuple[int, str, float]] = []  # running jobs a node was told to stop
@@ -578,16 +579,16 @@ def run_one(n: int, args: argparse.Namespace, db_url: str | None) -> dict[str, A
                     if st["answered_since"] >= st["alive"] or time.monotonic() > deadline:
                         break
                     time.sleep(0.5)
-                # When nodes were heard back, from the first: an agent whose peers were
-                # answered but not itself for half a lease would have fenced its jobs,
-                # unless told that the head was catching up (head/rejoin.py).
+                # When nodes were heard back after the new head was serving: an agent
+                # whose peers were answered but not itself for half a lease would have
+                # fenced its jobs, unless told the head was catching up (head/rejoin.py).
+                # (An answer the killed head had written still arrives after the kill.)
                 back = sorted(st["back"])
                 lease_s = args.lease if args.lease is not None else Settings().lease_s
-                spread = [b - back[0] for b in back] if back else []
+                spread = [max(0.0, b - t_up) for b in back]
                 result["restart"] = {
                     "head_up_s": round(up_s, 1),
-                    "first_answer_s": round(back[0] - t_kill, 1) if back else None,
-                    "heard_back_after_first_s": {
+                    "heard_back_after_up_s": {
                         "p50": secs(percentile(spread, 0.5)),
                         "p99": secs(percentile(spread, 0.99)),
                         "max": secs(spread[-1] if spread else None),

@@ -69,8 +69,11 @@ def tick(
     if stale or len(mirror.peer_lists) != len(mirror.nodes):  # also as soon as a node joins
         mirror.peer_lists = peers.pick(mirror)
         mirror.peers_at = now
-    for rec in list(mirror.jobs.values()):
-        if rec.stopping is not None or not rec.state.running:
+    # Only placed jobs can be running: at 10,000 nodes with 100,000 queued, walking every
+    # job twice a second was a tenth of an idle head's CPU (bench/fleet.py).
+    for job_id in sorted({j for placed in mirror.node_jobs.values() for j in placed}):
+        rec = mirror.jobs.get(job_id)
+        if rec is None or rec.stopping is not None or not rec.state.running:
             continue
         if rec.start_time is not None:
             _time_limit(mirror, tx, rec, now)

@@ -51,6 +51,9 @@ class Head:
         self.mirror = control.mirror
         self._principals: dict[str, Principal] = {}
         self._wakers: dict[str, asyncio.Event] = {}
+        # Each node's peers as answered, (peer list, registrations, (name, URL) pairs).
+        self._peer_pairs: dict[str, tuple[list[str], int, tuple[tuple[str, str], ...]]] = {}
+        self._registrations = 0
         self._unlaunchable_jobs: set[tuple[int, int]] = set()  # (job id, epoch) failed so
         self.loop: asyncio.AbstractEventLoop | None = None
         # Signs agents' API certificates (a head serving TLS with its own CA), and how the
@@ -433,6 +436,7 @@ class Head:
                 if who.single_use and not store.use_single_use_token(tx.conn, who.token_id):
                     raise HeadError(409, "this single-use join token was used already")
             nodestates.register(self.mirror, tx, req, now)
+            self._registrations += 1  # its agent URL may be new: peers' pairs built again
             self.mirror.held.forget(req.name)  # a new agent run: its reports start afresh
             # Its address and agent URL are in the answers of every node it shares a job with.
             shared = (self.mirror.jobs.get(j) for j in self.mirror.node_jobs.get(req.name, ()))
@@ -596,8 +600,16 @@ class Head:
         never changed in place, and each value read is one the control thread stored."""
         nodes = self.mirror.nodes
         names = self.mirror.peer_lists.get(name, [])
-        peers = tuple((p, n.agent_url) for p in names if (n := nodes.get(p)) is not None)
-        return (node.version, self.mirror.answers.generation, peers), names, peers
+        generation = self.mirror.answers.generation
+        # The (name, URL) pairs of its peers, built once per peer list (lists are replaced
+        # when picked again, every 5 s) and registration (a peer's URL may change).
+        made = self._peer_pairs.get(name)
+        if made is not None and made[0] is names and made[1] == self._registrations:
+            peers = made[2]
+        else:
+            peers = tuple((p, n.agent_url) for p in names if (n := nodes.get(p)) is not None)
+            self._peer_pairs[name] = (names, self._registrations, peers)
+        return (node.version, generation, peers), names, peers
 
     def _cached_json(self, name: str, full_report: bool) -> bytes | None:
         """`name`'s answer from the cache, without the control lock (None: build it).
