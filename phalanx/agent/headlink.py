@@ -157,8 +157,9 @@ class HeadLink:
         self.head_max_outage_s = 0.0  # the head's (0: an older head; fence at the lease)
         self._ride_until = 0.0  # monotonic; 0: not riding
         self._rounds = 0  # peer checks since the head last answered
-        self._outage_logged = False
-        self._catching_logged = False
+        # Why this agent rides past its lease, each logged once per outage: "out" (no peer
+        # hears the head), "catching up" (peers hear a restarted head still catching up).
+        self._rides_logged: set[str] = set()
         self._asked = 0.0  # the deadline whose peers were asked
 
     async def run(self) -> None:
@@ -427,9 +428,9 @@ class HeadLink:
         self._last_ok = max(self._last_ok, sent)
         self.seen.heard = time.monotonic()
         self._rounds = 0
-        if self._outage_logged or self._catching_logged:
+        if self._rides_logged:
             log.warning("the head answered again after an outage: jobs kept running")
-            self._outage_logged = self._catching_logged = False
+            self._rides_logged.clear()
         self._lease_file.renew(self._deadline())  # before anything may start
         # An answer to a request sent more than a lease ago does not lift a fence: the
         # head may have given up on this node meanwhile; the next answer will.
@@ -510,18 +511,14 @@ class HeadLink:
             self.changed.set()  # try the head again at once, as below
             until = min(now + self.lease_s / 2, cap)
             if until > deadline:
-                self._ride_until = until
-                self._lease_file.renew(until)
-                if not self._catching_logged:
-                    self._catching_logged = True
-                    log.warning(
-                        "no answer from the head for %.1fs, but peer %s heard it say it is "
-                        "still hearing its nodes back after a restart: jobs keep running "
-                        "while it gets to this node (at most %gs without it)",
-                        now - self._last_ok,
-                        busy[0],
-                        cap - self._last_ok,
-                    )
+                self._ride(
+                    until,
+                    "catching up",
+                    f"no answer from the head for {now - self._last_ok:.1f}s, but peer "
+                    f"{busy[0]} heard it say it is still hearing its nodes back after a "
+                    "restart: jobs keep running while it gets to this node (at most "
+                    f"{cap - self._last_ok:g}s without it)",
+                )
                 return
             why = f"the head has been out for the longest outage ({cap - self._last_ok:g}s)"
         elif fresh:
@@ -544,20 +541,25 @@ class HeadLink:
             until = min(until, cap)
             self._rounds += 1
             if until > deadline:
-                self._ride_until = until
-                self._lease_file.renew(until)
-                if not self._outage_logged:
-                    self._outage_logged = True
-                    log.warning(
-                        "no answer from the head for %.1fs, and none of %d peer(s) heard from it "
-                        "either: the head is out; jobs keep running (at most %gs without it)",
-                        now - self._last_ok,
-                        answered,
-                        cap - self._last_ok,
-                    )
+                self._ride(
+                    until,
+                    "out",
+                    f"no answer from the head for {now - self._last_ok:.1f}s, and none of "
+                    f"{answered} peer(s) heard from it either: the head is out; jobs keep "
+                    f"running (at most {cap - self._last_ok:g}s without it)",
+                )
                 return
             why = f"the head has been out for the longest outage ({cap - self._last_ok:g}s)"
         log.warning("lease ends in %.1fs and will not be extended: %s", deadline - now, why)
+
+    def _ride(self, until: float, why: str, message: str) -> None:
+        """Keep the jobs past the lease, to `until` (the guard's lease file too); say why
+        once per outage."""
+        self._ride_until = until
+        self._lease_file.renew(until)
+        if why not in self._rides_logged:
+            self._rides_logged.add(why)
+            log.warning("%s", message)
 
     async def _ask(self, peer: Peer) -> tuple[Peer, float | bool | None, bool]:
         """(peer, when the head last answered it by this node's clock, whether that answer

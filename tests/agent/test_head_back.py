@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -137,9 +138,10 @@ def _job_and_state(tmp_path: Path) -> tuple[Any, DesiredState]:
     return job, desired
 
 
-def test_an_agent_whose_peer_heard_the_head_tries_it_at_once_and_keeps_its_job(
-    tmp_path: Path,
-) -> None:
+@contextlib.contextmanager
+def _agent_running(tmp_path: Path) -> Iterator[tuple[OutageHead, Path, int]]:
+    """A real agent against the stand-in head and peer, running one job: (head, the
+    agent's log, the job's pid). Stopped, with its job, afterwards."""
     _, desired = _job_and_state(tmp_path)
     head = OutageHead(desired)
     log = tmp_path / "agent.log"
@@ -147,6 +149,18 @@ def test_an_agent_whose_peer_heard_the_head_tries_it_at_once_and_keeps_its_job(
     pid = 0
     try:
         pid = int(wait_for("the rank", lambda: _read(tmp_path / "pid")))
+        yield head, log, pid
+    finally:
+        agent.stop()
+        head.close()
+        if pid and pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_an_agent_whose_peer_heard_the_head_tries_it_at_once_and_keeps_its_job(
+    tmp_path: Path,
+) -> None:
+    with _agent_running(tmp_path) as (head, log, pid):
         head.out()
         wait_for("the agent to ride the outage out", lambda: "the head is out" in log.read_text())
         answered = head.answered
@@ -160,11 +174,6 @@ def test_an_agent_whose_peer_heard_the_head_tries_it_at_once_and_keeps_its_job(
         assert "fenced" not in text, text
         assert "trying the head again now" in text, text
         assert pid_alive(pid)
-    finally:
-        agent.stop()
-        head.close()
-        if pid and pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
 
 
 def _read(path: Path) -> str | None:
@@ -179,13 +188,7 @@ def test_an_agent_rides_on_while_its_peer_hears_the_head_catching_up_and_fences_
     its job while the peer hears the head say it is still catching up (head/rejoin.py);
     once the peer hears that the head caught up, the agent is alone in being unanswered
     and fences at its lease, as before."""
-    _, desired = _job_and_state(tmp_path)
-    head = OutageHead(desired)
-    log = tmp_path / "agent.log"
-    agent = AgentProcess(head.url, ADDRESS, tmp_path / "agent", log)
-    pid = 0
-    try:
-        pid = int(wait_for("the rank", lambda: _read(tmp_path / "pid")))
+    with _agent_running(tmp_path) as (head, log, pid):
         head.catching_up(True)
         wait_for("the agent to hear of it", lambda: "hearing its nodes back" in log.read_text())
         answered = head.answered
@@ -197,8 +200,3 @@ def test_an_agent_rides_on_while_its_peer_hears_the_head_catching_up_and_fences_
         head.catching_up(False)  # caught up, and still not answering this agent
         wait_for("the agent to fence", lambda: "fenced" in log.read_text(), 3 * LEASE_S)
         wait_for("the rank killed", lambda: not pid_alive(pid), 10)
-    finally:
-        agent.stop()
-        head.close()
-        if pid and pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)

@@ -146,7 +146,10 @@ def test_contexts_list_use_add_remove_and_context_per_command(
 def test_version_and_completion_options() -> None:
     version = run_cli("--version")
     assert version.returncode == 0 and version.stdout.strip() == f"phalanx {__version__}"
-    shown = run_cli("--show-completion", "bash", env={"SHELL": "/bin/bash"})
+    # Typer detects the shell from the parent processes (shellingham), which fails under a
+    # parent that is no shell (nohup, some CI runners); its own switch takes the named one.
+    no_detect = {"SHELL": "/bin/bash", "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
+    shown = run_cli("--show-completion", "bash", env=no_detect)
     assert shown.returncode == 0 and "complete" in shown.stdout, shown.stderr
     assert "--install-completion" in run_cli("--help").stdout
 
