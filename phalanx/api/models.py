@@ -683,8 +683,8 @@ class DesiredState(Lenient):
     # yet), and whether the next report must be full (the head does not hold its base).
     report_ack: Counter | None = None
     full_report: bool = False
-    # A restarted head still hearing its nodes back (head/rejoin.py): it judges no waiting
-    # node's silence meanwhile; agents pass this on to their peers (PeerHeadView).
+    # A restarted head still hearing its nodes back (head/rejoin.py): it judges no node's
+    # silence meanwhile; agents pass this on to their peers (PeerHeadView).
     catching_up: bool = False
 
 

@@ -16,8 +16,11 @@ So, after a restart, the head catches up before it judges silence:
 - the head is *catching up* while some node is waiting and it keeps hearing nodes back:
   the last one heard back less than `quiet_s` ago (twice the heartbeat interval the head
   gives, at least QUIET_MIN_S; a live agent retries at least every heartbeat interval);
-- meanwhile every waiting node's lease stays fresh (`last_heartbeat` = now), as for a
-  head that was paused: the head's own backlog is not a node's silence;
+- meanwhile it judges no node's silence: every lease stays fresh (`last_heartbeat` =
+  now), as for a head that was paused. Not only the waiting nodes': a node heard once may
+  wait again behind the storm (its full report, the second round trip), and its agent,
+  told by its peers that the head is catching up, rides on rather than fences (below) —
+  the head must not requeue its jobs meanwhile;
 - it stops when no node is waiting, when no node came back for `quiet_s` (those left are
   silent: their lease runs from then), or at `Settings.overload_grace_s` after the start
   at the latest (the same bound as the head's other slowness: head/overload.py), so a node
@@ -29,7 +32,7 @@ agent passes it on to its peers (`PeerHeadView.head_catching_up`): an agent the 
 not answered yet, whose peers it has answered, then knows the head is still working
 through the reconnects rather than cut off from it alone, and rides on instead of fencing
 (agent/headlink.py). That is safe for the same reason riding out an outage is: the head
-requeues a node's jobs only `lease_s + requeue_margin_s` after it stopped catching up, and
+requeues any node's jobs only `lease_s + requeue_margin_s` after it stopped catching up, and
 the agent's ride ends half a lease after its peer last heard "catching up".
 """
 
@@ -63,8 +66,8 @@ class Rejoin:
         self.active = mirror.settings.overload_grace_s > 0 and self.waiting > 0
 
     def tick(self, mirror: Mirror, tx: Tx, now: float) -> None:
-        """On each clock tick, before leases are judged: keep waiting nodes' leases fresh
-        while the head is catching up; record when it is done."""
+        """On each clock tick, before leases are judged: keep every lease fresh while the
+        head is catching up; record when it is done."""
         if not self.active or self.started is None:
             return
         waiting = _waiting(mirror)
@@ -75,7 +78,7 @@ class Rejoin:
         quiet_s = max(QUIET_MIN_S, 2 * intervals.heartbeat_s(s, len(mirror.nodes)))
         took = now - self.started
         if waiting and now - self._last_back < quiet_s and took < s.overload_grace_s:
-            for node in waiting:
+            for node in mirror.nodes.values():
                 if node.last_heartbeat is not None:
                     node.last_heartbeat = max(node.last_heartbeat, now)
             return

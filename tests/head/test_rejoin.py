@@ -132,6 +132,29 @@ def test_a_node_that_does_not_come_back_is_judged_once_the_others_are_in(
         loop.close()
 
 
+def test_a_node_heard_once_and_unheard_again_is_not_judged_while_catching_up(
+    tmp_path: Path,
+) -> None:
+    """A node heard back once may wait again behind the storm (its full report), and its
+    agent, told by a peer that the head is catching up, rides on instead of fencing: the
+    head must not requeue its jobs meanwhile. It judges it by its lease once caught up."""
+    loop, names, jobs = _fleet(tmp_path, SETTINGS, 12)
+    try:
+        _restart(loop)
+        loop.agents["n00"].silent = False
+        loop.advance(1.0)  # n00 heard back once...
+        loop.agents["n00"].silent = True  # ...then unheard again, for the whole storm
+        _storm(loop, names[1:], 1.0)  # 11 s: more than a lease and its margin
+        assert loop.state(jobs[0]) == "R" and "nodefail" not in loop.kinds(jobs[0])
+        assert not loop.control.rejoin.active
+        loop.advance(SETTINGS.lease_s + SETTINGS.requeue_margin_s + 2)  # caught up: judged
+        assert loop.node_state("n00") == "down"
+        assert "nodefail" in loop.kinds(jobs[0])
+        assert _requeued(loop, jobs[1:]) == []
+    finally:
+        loop.close()
+
+
 def test_catching_up_is_bounded_by_the_overload_grace(tmp_path: Path) -> None:
     """Nodes trickling back for ever do not hold a dead node's lease for ever: catching up
     ends at the overload grace after the start."""
