@@ -10,10 +10,10 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -68,31 +68,53 @@ def start(folder: Path, name: str, handoff_dir: Path, slots: int = 2) -> Server:
         spec, spec.pools[0], host="127.0.0.1", port=port, key=KEY, key_file=str(key_file)
     )
     log = folder / f"{name}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            list(launch.argv),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**os.environ, **launch.env},
-        )
+    proc = start_logged(launch.argv, log, {**os.environ, **launch.env})
     return Server(f"http://127.0.0.1:{port}", proc, log, slots)
 
 
-def wait_ready(*servers: Server, timeout_s: float = 120.0) -> None:
+def start_logged(
+    argv: Sequence[str], log: Path, env: dict[str, str], *, new_session: bool = False
+) -> subprocess.Popen[bytes]:
+    """An engine process, its output (both streams) into `log`."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            list(argv),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=new_session,
+        )
+
+
+class Engine(Protocol):
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+def wait_healthy(
+    what: str, servers: Sequence[Engine], timeout_s: float, poll_s: float, tail: int
+) -> None:
+    """Until each engine answers /health 200; its log's last `tail` characters if it exits
+    or `timeout_s` passes first."""
     deadline = time.monotonic() + timeout_s
     for server in servers:
         while True:
             if server.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited: {server.log.read_text()[-2000:]}")
+                raise RuntimeError(f"{what} exited: {server.log.read_text()[-tail:]}")
             try:
                 if httpx.get(server.url + "/health", headers=HEADERS, timeout=5).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"llama-server not ready: {server.log.read_text()[-2000:]}")
-            time.sleep(0.1)
+                raise RuntimeError(f"{what} not ready: {server.log.read_text()[-tail:]}")
+            time.sleep(poll_s)
+
+
+def wait_ready(*servers: Server, timeout_s: float = 120.0) -> None:
+    wait_healthy("llama-server", servers, timeout_s, 0.1, 2000)
 
 
 def make_post(client: httpx.AsyncClient) -> Post:

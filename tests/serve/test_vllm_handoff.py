@@ -14,7 +14,6 @@ import os
 import re
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,15 @@ from phalanx.local.cluster import free_port
 from phalanx.serve.engines import engine_command
 from phalanx.serve.handoff import Handoff, HandoffError
 from phalanx.testing.vllm_env import smollm2_safetensors, vllm_python
-from tests.serve.llama_servers import HEADERS, KEY, MODEL, ask, make_post
+from tests.serve.llama_servers import (
+    HEADERS,
+    KEY,
+    MODEL,
+    ask,
+    make_post,
+    start_logged,
+    wait_healthy,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -103,32 +110,12 @@ def start(folder: Path, name: str, role: PoolRole, core: int) -> Vllm:
         "VLLM_CPU_OMP_THREADS_BIND": str(core % (os.cpu_count() or 1)),
     }
     log = folder / f"{name}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            list(launch.argv),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+    proc = start_logged(launch.argv, log, env, new_session=True)
     return Vllm(f"http://127.0.0.1:{port}", proc, log)
 
 
 def wait_ready(*servers: Vllm, timeout_s: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    for server in servers:
-        while True:
-            if server.proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited: {server.log.read_text()[-3000:]}")
-            try:
-                if httpx.get(server.url + "/health", headers=HEADERS, timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM not ready: {server.log.read_text()[-3000:]}")
-            time.sleep(0.5)
+    wait_healthy("vLLM", servers, timeout_s, 0.5, 3000)
 
 
 def _request(path: str, text: str, *, stream: bool) -> dict[str, Any]:
