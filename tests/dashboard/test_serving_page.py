@@ -8,8 +8,7 @@ another team."""
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -25,22 +24,12 @@ from phalanx.local import LocalCluster
 from phalanx.testing import engines
 from phalanx.tls import client_context
 from tests.dashboard.conftest import People, shot, sign_in
+from tests.serve.polling import wait_for
 from tests.serve.test_router_llama import Proc, _wait_ready, metric, start_router
 
 T = TypeVar("T")
 NAME = "smol-metrics"
 ROUTER_ID = "router-under-test"
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

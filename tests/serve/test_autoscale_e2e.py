@@ -27,7 +27,7 @@ from phalanx.local import LocalCluster
 from phalanx.serve.router.autoscale import AutoscaleOptions, autoscale_job
 from phalanx.serve.router.server import RouterOptions, RouterSetupError
 from phalanx.testing import engines
-from tests.serve.test_router_head import wait_for
+from tests.serve.polling import wait_for
 from tests.serve.test_router_llama import Proc, _wait_ready, metric, start_router
 
 NAME = "burst"

@@ -25,6 +25,7 @@ from phalanx.client.api import ApiError, PhalanxClient
 from phalanx.client.serving import ServeClient
 from phalanx.local import LocalCluster
 from phalanx.testing import engines
+from tests.serve import polling
 
 T = TypeVar("T")
 NAME = "smol"
@@ -32,14 +33,7 @@ ARGS = ["-t", "1", "-c", "1024"]
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+    return polling.wait_for(what, probe, timeout)
 
 
 def spec(args: list[str] = ARGS, replicas: int = 2) -> DeploymentSpec:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -21,21 +21,11 @@ from phalanx.local import LocalCluster
 from phalanx.serve.handoff import FILE_PREFIX, FILE_SUFFIX, FILE_TTL_S, Handoff
 from phalanx.testing import engines
 from tests.serve.llama_servers import ask
+from tests.serve.polling import wait_for
 
 T = TypeVar("T")
 ARGS = ["-t", "1", "-c", "2048"]
 STALE = f"{FILE_PREFIX}{'0' * 32}{FILE_SUFFIX}"
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -20,22 +20,12 @@ from phalanx.api.serving import DeploymentSpec, Endpoint, PoolSpec
 from phalanx.client.serving import ServeClient
 from phalanx.local import LocalCluster
 from phalanx.testing import engines
+from tests.serve.polling import wait_for
 from tests.serve.test_deploy_e2e import engine_pid
 from tests.serve.test_router_llama import Proc, _wait_ready, metric, start_router
 
 T = TypeVar("T")
 NAME = "smol"
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture(scope="module")
