@@ -25,15 +25,11 @@ from phalanx.client.api import ApiError, PhalanxClient
 from phalanx.client.serving import ServeClient
 from phalanx.local import LocalCluster
 from phalanx.testing import engines
-from tests.serve import polling
+from tests.head.heads import wait_for
 
 T = TypeVar("T")
 NAME = "smol"
 ARGS = ["-t", "1", "-c", "1024"]
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
-    return polling.wait_for(what, probe, timeout)
 
 
 def spec(args: list[str] = ARGS, replicas: int = 2) -> DeploymentSpec:
