@@ -92,6 +92,15 @@
   document.addEventListener("htmx:afterSwap", function (e) {
     if (e.target && e.target.id === "log") { trimLog(); } else { updateCharts(); }
   });
+  // A live update never replaces the field someone is typing in (a drain reason, a
+  // filter): that fragment waits for the next update, after the field loses focus.
+  document.addEventListener("htmx:sseBeforeMessage", function (e) {
+    var active = document.activeElement;
+    if (active && e.target && e.target.contains(active) &&
+        active.matches("input, textarea, select")) {
+      e.preventDefault();
+    }
+  });
   document.addEventListener("htmx:sseMessage", function (e) {
     if (e.detail && e.detail.type === "log") { trimLog(); }
   });
